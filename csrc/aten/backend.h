@@ -1,0 +1,14 @@
+// Registration of the spmd device with the PyTorch dispatcher.
+#pragma once
+
+namespace spmd::aten {
+
+// Routes every ATen op that would reach the spmd device through a CompositeExplicitAutograd
+// decomposition to the recorder instead, so the IR sees `add`, `mm`, `transpose_copy` rather
+// than `empty` + `add.out`, `as_strided`, ... Idempotent; called when torch_spmd is imported.
+void RegisterBackend();
+
+// Number of ops captured that way (for diagnostics).
+int NumCapturedOps();
+
+}  // namespace spmd::aten

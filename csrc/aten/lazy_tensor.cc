@@ -1,0 +1,132 @@
+#include "aten/lazy_tensor.h"
+
+#include <ATen/FunctionalTensorWrapper.h>
+#include <c10/util/Exception.h>
+
+#include "runtime/device_data.h"
+
+namespace spmd::aten {
+
+namespace {
+
+// Weak references to every slot ever handed out; compacted as slots die.
+struct SlotRegistry {
+  std::mutex mu;
+  std::vector<std::weak_ptr<LazySlot>> slots;
+  size_t compact_at = 1024;
+
+  void Add(const SlotPtr& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    slots.push_back(s);
+    if (slots.size() >= compact_at) {
+      Compact();
+      compact_at = std::max<size_t>(1024, slots.size() * 2);
+    }
+  }
+  void Compact() {
+    size_t keep = 0;
+    for (auto& w : slots)
+      if (!w.expired()) slots[keep++] = std::move(w);
+    slots.resize(keep);
+  }
+};
+
+SlotRegistry& Registry() {
+  static auto* r = new SlotRegistry();
+  return *r;
+}
+
+}  // namespace
+
+std::recursive_mutex& GraphMutex() {
+  static auto* mu = new std::recursive_mutex();
+  return *mu;
+}
+
+c10::Device SpmdDevice() { return c10::Device(c10::DeviceType::PrivateUse1, 0); }
+
+LazyImpl::LazyImpl(SlotPtr slot, const TensorType& type)
+    : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                      c10::scalarTypeToTypeMeta(runtime::ToScalarType(type.dtype)),
+                      SpmdDevice()),
+      slot_(std::move(slot)) {
+  set_sizes_contiguous(type.shape);
+  set_storage_access_should_throw();
+}
+
+c10::intrusive_ptr<c10::TensorImpl> LazyImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<LazyImpl>(slot_, slot_->value.type());
+  copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> LazyImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<LazyImpl>(slot_, slot_->value.type());
+  copy_tensor_metadata(this, impl.get(), std::move(version_counter),
+                       allow_tensor_metadata_change);
+  return impl;
+}
+
+void LazyImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<LazyImpl*>(impl.get());
+  TORCH_CHECK(other != nullptr, "cannot shallow-copy a non-spmd tensor into an spmd tensor");
+  copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
+  slot_ = other->slot_;
+  refresh_numel();
+  refresh_contiguous();
+}
+
+LazyImpl* TryGetLazyImpl(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (auto* lazy = dynamic_cast<LazyImpl*>(impl)) return lazy;
+  if (at::functionalization::impl::isFunctionalTensor(t)) {
+    at::functionalization::impl::sync(t);
+    at::Tensor inner = at::functionalization::impl::from_functional_tensor(t);
+    return dynamic_cast<LazyImpl*>(inner.unsafeGetTensorImpl());
+  }
+  return nullptr;
+}
+
+LazyImpl* GetLazyImpl(const at::Tensor& t, const char* what) {
+  LazyImpl* impl = TryGetLazyImpl(t);
+  TORCH_CHECK(impl != nullptr, "expected an spmd tensor for ", what, ", got a tensor on ",
+              t.defined() ? t.device().str() : std::string("(undefined)"));
+  return impl;
+}
+
+at::Tensor MakeLazyTensor(const ir::Value& value) {
+  auto slot = std::make_shared<LazySlot>();
+  slot->value = value;
+  Registry().Add(slot);
+  return at::Tensor(c10::make_intrusive<LazyImpl>(std::move(slot), value.type()));
+}
+
+at::Tensor MakeFunctionalLazyTensor(const ir::Value& value) {
+  return at::functionalization::impl::to_functional_tensor(MakeLazyTensor(value));
+}
+
+void SetSlotValue(const SlotPtr& slot, ir::Value value) { slot->value = std::move(value); }
+
+std::vector<SlotPtr> PendingSlots() {
+  SlotRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.Compact();
+  std::vector<SlotPtr> out;
+  for (const auto& w : r.slots) {
+    SlotPtr s = w.lock();
+    if (s && s->value.valid() && !s->value.node->is_data()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+int64_t LiveSlotCount() {
+  SlotRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.Compact();
+  return static_cast<int64_t>(r.slots.size());
+}
+
+}  // namespace spmd::aten

@@ -1,0 +1,51 @@
+// What the recorder needs to know about an ATen op, computed once from its schema: the
+// torch-free OpInfo for the IR, the kinds of its returns, which returns alias a written
+// argument (in-place and out= ops), and how its output shapes are found.
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/shape.h"
+#include "ir/op.h"
+
+namespace spmd::aten {
+
+enum class ReturnKind : uint8_t { kTensor, kTensorList, kOther };
+
+// Output types from the op's arguments, with spmd tensors replaced by meta tensors.
+using ShapeFn = std::function<std::vector<TensorType>(const std::vector<c10::IValue>& meta_args)>;
+
+struct OpPlan;
+// A kernel for ops that move data between host and devices (copies, item, resize): they are
+// not recorded as graph nodes, or only sometimes.
+using SpecialKernel = void (*)(OpPlan& plan, torch::jit::Stack* stack);
+
+struct OpPlan {
+  const c10::OperatorHandle* handle = nullptr;
+  const ir::OpInfo* info = nullptr;
+  std::vector<ReturnKind> returns;
+  std::vector<int> return_alias;  // per return: the written argument it aliases, or -1
+  SpecialKernel special = nullptr;
+  bool eager_only = false;        // never recorded: run on the host (data-dependent, etc.)
+  const char* eager_reason = "";
+  ShapeFn custom_shape;           // overrides the meta kernel when set
+  bool cache_shapes = false;      // meta kernel is slow (Python): memoize by signature
+  std::mutex cache_mu;
+  std::unordered_map<uint64_t, std::vector<TensorType>> shape_cache;
+};
+
+// The plan for `op`, built on first use. Thread-safe.
+OpPlan& GetOpPlan(const c10::OperatorHandle& op);
+
+// The special kernel for `qualified_name`, or nullptr.
+SpecialKernel FindSpecialKernel(const std::string& qualified_name);
+
+// Hand-written shape functions for ops whose meta kernel is missing or wrong on torch 1.13.
+const ShapeFn* FindCustomShapeFn(const std::string& qualified_name);
+
+}  // namespace spmd::aten

@@ -1,0 +1,429 @@
+#include "aten/recorder.h"
+
+#include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <sstream>
+
+#include "aten/lazy_tensor.h"
+#include "aten/sync.h"
+#include "core/metrics.h"
+#include "runtime/device_data.h"
+
+namespace spmd::aten {
+
+namespace {
+
+using ir::Arg;
+
+// A Scalar argument becomes a run-time input (not part of the graph key) unless it is one of
+// the values that commonly select special code paths.
+bool IsDynamicScalar(const Arg& a) {
+  return a.kind == Arg::Kind::kScalarDouble && a.d != 0.0 && a.d != 1.0;
+}
+
+Arg ScalarArg(const c10::Scalar& s) {
+  Arg a;
+  if (s.isBoolean()) {
+    a.kind = Arg::Kind::kScalarBool;
+    a.i = s.toBool();
+  } else if (s.isIntegral(false)) {
+    a.kind = Arg::Kind::kScalarInt;
+    a.i = s.toLong();
+  } else {
+    a.kind = Arg::Kind::kScalarDouble;
+    a.d = s.toDouble();
+  }
+  a.dynamic = IsDynamicScalar(a);
+  return a;
+}
+
+[[noreturn]] void DeviceMismatch(const at::Tensor& t) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+              "devices, ", SpmdDevice().str(), " and ", t.device().str(), "!");
+}
+
+// One pass over an op's arguments: IR inputs and args, the meta-tensor argument list for
+// shape inference, and a signature hash for the shape cache.
+class ArgConverter {
+ public:
+  ArgConverter(const OpPlan& plan, c10::ArrayRef<c10::IValue> args) : plan_(plan) {
+    args_.reserve(args.size());
+    meta_.reserve(args.size());
+    impls_.assign(args.size(), nullptr);
+    for (size_t i = 0; i < args.size(); ++i) Convert(i, args[i]);
+  }
+
+  std::vector<ir::Value> inputs;
+  bool any_lazy = false;
+  bool unsupported = false;
+
+  std::vector<Arg>& args() { return args_; }
+  std::vector<c10::IValue>& meta() { return meta_; }
+  LazyImpl* impl(size_t arg) const { return impls_[arg]; }
+  uint64_t signature() const { return signature_; }
+
+ private:
+  void Mix(uint64_t h) { signature_ = HashCombine(signature_, h); }
+
+  void Convert(size_t i, const c10::IValue& v) {
+    const ir::ArgSchema& schema = plan_.info->args[i];
+    if (v.isNone()) {
+      args_.push_back(Arg::None());
+      meta_.push_back(v);
+      Mix(1);
+      return;
+    }
+    switch (schema.type) {
+      case ir::ArgType::kTensor: {
+        c10::IValue meta;
+        args_.push_back(ConvertTensor(v.toTensor(), &meta, &impls_[i]));
+        meta_.push_back(std::move(meta));
+        return;
+      }
+      case ir::ArgType::kTensorList: {
+        Arg a;
+        a.kind = Arg::Kind::kTensorList;
+        c10::List<at::Tensor> meta_list;
+        for (const at::Tensor& t : v.toTensorList()) {
+          c10::IValue meta;
+          Arg e = ConvertTensor(t, &meta, nullptr);
+          if (e.kind != Arg::Kind::kTensor) unsupported = true;  // wrapped numbers in a list
+          a.ints.push_back(e.i);
+          meta_list.push_back(meta.toTensor());
+        }
+        args_.push_back(std::move(a));
+        meta_.push_back(c10::IValue(meta_list));
+        return;
+      }
+      case ir::ArgType::kOptionalTensorList: {
+        Arg a;
+        a.kind = Arg::Kind::kOptTensorList;
+        c10::List<c10::optional<at::Tensor>> meta_list;
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isNone()) {
+            a.ints.push_back(-1);
+            meta_list.push_back(c10::nullopt);
+            Mix(2);
+            continue;
+          }
+          c10::IValue meta;
+          Arg ea = ConvertTensor(e.toTensor(), &meta, nullptr);
+          if (ea.kind != Arg::Kind::kTensor) unsupported = true;
+          a.ints.push_back(ea.i);
+          meta_list.push_back(meta.toTensor());
+        }
+        args_.push_back(std::move(a));
+        meta_.push_back(c10::IValue(meta_list));
+        return;
+      }
+      case ir::ArgType::kScalar: {
+        if (v.isComplexDouble()) unsupported = true;
+        Arg a = unsupported ? Arg::None() : ScalarArg(v.toScalar());
+        Mix(a.is_scalar() ? HashCombine(HashInt(a.i), HashDouble(a.d)) : 3);
+        args_.push_back(a);
+        meta_.push_back(v);
+        return;
+      }
+      case ir::ArgType::kDevice:
+        args_.push_back(Arg{Arg::Kind::kDevice});
+        meta_.push_back(c10::IValue(c10::Device(c10::kMeta)));
+        Mix(4);
+        return;
+      case ir::ArgType::kGenerator:
+        // Replay draws from the host's default generator.
+        args_.push_back(Arg::None());
+        meta_.push_back(c10::IValue());
+        return;
+      default:
+        args_.push_back(ConvertPlain(schema.type, v));
+        meta_.push_back(v);
+        Mix(args_.back().hash());
+        return;
+    }
+  }
+
+  Arg ConvertPlain(ir::ArgType type, const c10::IValue& v) {
+    switch (type) {
+      case ir::ArgType::kInt:
+        return Arg::Int(v.isInt() ? v.toInt() : v.toSymInt().expect_int());
+      case ir::ArgType::kIntList: {
+        if (v.isIntList()) return Arg::IntList(v.toIntVector());
+        std::vector<int64_t> ints;
+        for (const c10::IValue& e : v.toListRef())
+          ints.push_back(e.isInt() ? e.toInt() : e.toSymInt().expect_int());
+        return Arg::IntList(std::move(ints));
+      }
+      case ir::ArgType::kFloat: return Arg::Double(v.toDouble());
+      case ir::ArgType::kFloatList: {
+        Arg a;
+        a.kind = Arg::Kind::kDoubleList;
+        a.doubles = v.toDoubleVector();
+        return a;
+      }
+      case ir::ArgType::kBool: return Arg::Bool(v.toBool());
+      case ir::ArgType::kBoolList: {
+        Arg a;
+        a.kind = Arg::Kind::kBoolList;
+        for (bool b : v.toBoolList()) a.ints.push_back(b);
+        return a;
+      }
+      case ir::ArgType::kString: return Arg::String(v.toStringRef());
+      case ir::ArgType::kScalarType: return Arg::ScalarType(v.toInt());
+      case ir::ArgType::kLayout: { Arg a = Arg::Int(v.toInt()); a.kind = Arg::Kind::kLayout; return a; }
+      case ir::ArgType::kMemoryFormat: {
+        Arg a = Arg::Int(v.toInt());
+        a.kind = Arg::Kind::kMemoryFormat;
+        return a;
+      }
+      default:
+        unsupported = true;
+        return Arg::None();
+    }
+  }
+
+  Arg ConvertTensor(const at::Tensor& t, c10::IValue* meta, LazyImpl** impl_out) {
+    if (!t.defined()) {
+      *meta = c10::IValue();
+      Mix(5);
+      return Arg::None();
+    }
+    if (LazyImpl* impl = TryGetLazyImpl(t)) {
+      if (impl_out) *impl_out = impl;
+      any_lazy = true;
+      const TensorType& type = impl->slot()->value.type();
+      *meta = at::empty(type.shape, at::TensorOptions()
+                                        .dtype(runtime::ToScalarType(type.dtype))
+                                        .device(c10::kMeta));
+      Mix(HashCombine(HashInt(static_cast<int64_t>(type.dtype)), HashInts(type.shape)));
+      return AddInput(impl->slot()->value);
+    }
+    if (t.device().is_cpu() && t.dim() == 0) {
+      if (t.unsafeGetTensorImpl()->is_wrapped_number() && !t.is_complex()) {
+        // A Python number: replayed as a wrapped-number tensor of the current value.
+        Arg a = ScalarArg(t.item());
+        a.wrapped = true;
+        *meta = t;
+        Mix(HashCombine(HashInt(static_cast<int64_t>(t.scalar_type())), 6));
+        return a;
+      }
+      // A 0-dim host tensor is allowed next to device tensors, as with CUDA: upload it.
+      *meta = at::empty({}, t.options().device(c10::kMeta));
+      Mix(HashInt(static_cast<int64_t>(t.scalar_type())));
+      return AddInput(UploadValue(t));
+    }
+    DeviceMismatch(t);
+  }
+
+  Arg AddInput(const ir::Value& v) {
+    inputs.push_back(v);
+    return Arg::Tensor(static_cast<int64_t>(inputs.size()) - 1);
+  }
+
+  const OpPlan& plan_;
+  std::vector<Arg> args_;
+  std::vector<c10::IValue> meta_;
+  std::vector<LazyImpl*> impls_;
+  uint64_t signature_ = 0;
+};
+
+struct ShapeResult {
+  std::vector<TensorType> types;
+  std::vector<int> counts;  // outputs per return (a Tensor[] return has several)
+};
+
+ShapeResult ShapesFromMetaReturns(const torch::jit::Stack& stack) {
+  ShapeResult r;
+  auto type_of = [](const at::Tensor& t) {
+    return t.defined() ? runtime::TypeOf(t) : TensorType{DType::kUndefined, {}};
+  };
+  for (const c10::IValue& v : stack) {
+    if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (const at::Tensor& t : list) r.types.push_back(type_of(t));
+      r.counts.push_back(static_cast<int>(list.size()));
+    } else {
+      r.types.push_back(v.isTensor() ? type_of(v.toTensor()) : TensorType{DType::kUndefined, {}});
+      r.counts.push_back(1);
+    }
+  }
+  return r;
+}
+
+std::string DescribeInputs(const OpPlan& plan, c10::ArrayRef<c10::IValue> args) {
+  std::ostringstream os;
+  os << "(";
+  bool first = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (!v.isTensor()) continue;
+    os << (first ? "" : ", ") << plan.info->args[i].name << "=";
+    first = false;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) { os << "None"; continue; }
+    os << runtime::TypeOf(t).ToString();
+  }
+  return os.str() + ")";
+}
+
+}  // namespace
+
+at::Tensor WrapOutput(const ir::Value& v, bool factory) {
+  bool excluded =
+      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::Functionalize);
+  return factory && !excluded ? MakeFunctionalLazyTensor(v) : MakeLazyTensor(v);
+}
+
+ir::Value UploadValue(const at::Tensor& host) {
+  return ir::Value{ir::MakeDataNode(runtime::DeviceData::FromHost(host, Sharding())), 0};
+}
+
+ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,
+                     std::vector<ir::Arg> args, TensorType output) {
+  return ir::Value{ir::MakeNode(op, std::move(inputs), std::move(args), {std::move(output)}), 0};
+}
+
+void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
+  Count("EagerFallback");
+  Count(plan.info->qualified);
+  size_t num_args = plan.info->args.size();
+  auto args = torch::jit::last(*stack, num_args);
+  std::vector<c10::IValue> host(args.begin(), args.end());
+  std::vector<LazyImpl*> impls(num_args, nullptr);
+  bool any_lazy = false;
+  auto to_host = [&](const at::Tensor& t, bool written, LazyImpl** impl_out) -> at::Tensor {
+    LazyImpl* impl = TryGetLazyImpl(t);
+    if (!impl) return t;
+    any_lazy = true;
+    if (impl_out) *impl_out = impl;
+    at::Tensor h = Materialize(impl->slot())->ToHost();
+    return written ? h.clone() : h;  // device buffers are immutable
+  };
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = host[i];
+    const ir::ArgSchema& schema = plan.info->args[i];
+    if (v.isTensor()) {
+      v = to_host(v.toTensor(), schema.is_write, &impls[i]);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(to_host(t, schema.is_write, nullptr));
+      v = list;
+    } else if (schema.type == ir::ArgType::kOptionalTensorList && v.isList()) {
+      c10::List<c10::optional<at::Tensor>> list;
+      for (const c10::IValue& e : v.toListRef())
+        list.push_back(e.isNone() ? c10::optional<at::Tensor>()
+                                  : to_host(e.toTensor(), schema.is_write, nullptr));
+      v = list;
+    } else if (schema.type == ir::ArgType::kDevice) {
+      v = c10::IValue(c10::Device(c10::kCPU));
+    }
+  }
+  plan.handle->callBoxed(&host);
+  torch::jit::drop(*stack, num_args);
+  for (size_t r = 0; r < host.size(); ++r) {
+    c10::IValue& v = host[r];
+    int alias = r < plan.return_alias.size() ? plan.return_alias[r] : -1;
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) {
+      if (alias >= 0 && impls[alias]) {
+        SetSlotValue(impls[alias]->slot(), UploadValue(v.toTensor()));
+        stack->push_back(args[alias]);
+      } else {
+        stack->push_back(WrapOutput(UploadValue(v.toTensor()), !any_lazy));
+      }
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(WrapOutput(UploadValue(t), !any_lazy));
+      stack->push_back(list);
+    } else {
+      stack->push_back(std::move(v));
+    }
+  }
+}
+
+void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  OpPlan& plan = GetOpPlan(op);
+  if (plan.special) return plan.special(plan, stack);
+  if (plan.eager_only) return RunEager(plan, stack);
+  RecordOp(plan, stack);
+}
+
+void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
+  size_t num_args = plan.info->args.size();
+  auto args = torch::jit::last(*stack, num_args);
+  ArgConverter conv(plan, args);
+  if (conv.unsupported) return RunEager(plan, stack);
+
+  ShapeResult shapes;
+  bool cached = false;
+  if (plan.cache_shapes) {
+    std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
+    auto it = plan.shape_cache.find(conv.signature());
+    if (it != plan.shape_cache.end()) {
+      shapes.types = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    try {
+      if (plan.custom_shape) {
+        shapes.types = plan.custom_shape(conv.meta());
+      } else {
+        torch::jit::Stack meta_stack = conv.meta();
+        plan.handle->callBoxed(&meta_stack);
+        shapes = ShapesFromMetaReturns(meta_stack);
+      }
+    } catch (const std::exception& meta_error) {
+      // No usable meta path for these arguments. Run the op eagerly: if the host kernel
+      // accepts them the meta kernel was merely missing; if it rejects them too, the inputs
+      // are wrong and the user gets the op, its input shapes and the kernel's reason.
+      std::string inputs = DescribeInputs(plan, conv.meta());
+      try {
+        return RunEager(plan, stack);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, plan.info->qualified, ": cannot infer the output shapes for inputs ",
+                    inputs, ": ", e.what());
+      }
+    }
+    if (plan.cache_shapes) {
+      std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
+      plan.shape_cache.emplace(conv.signature(), shapes.types);
+    }
+  }
+  if (shapes.counts.empty()) shapes.counts.assign(shapes.types.size(), 1);
+  if (shapes.counts.size() != plan.returns.size()) {
+    // A list return whose length only the meta kernel knows: recompute it.
+    torch::jit::Stack meta_stack = conv.meta();
+    plan.handle->callBoxed(&meta_stack);
+    shapes = ShapesFromMetaReturns(meta_stack);
+  }
+
+  ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
+                                  shapes.types);
+  bool factory = !conv.any_lazy;
+  std::vector<c10::IValue> original_args(args.begin(), args.end());
+  torch::jit::drop(*stack, num_args);
+  int out = 0;
+  for (size_t r = 0; r < plan.returns.size(); ++r) {
+    if (plan.returns[r] == ReturnKind::kTensorList) {
+      c10::List<at::Tensor> list;
+      for (int k = 0; k < shapes.counts[r]; ++k, ++out)
+        list.push_back(WrapOutput(ir::Value{node, out}, factory));
+      stack->push_back(list);
+      continue;
+    }
+    ir::Value v{node, out++};
+    int alias = plan.return_alias[r];
+    if (v.type().dtype == DType::kUndefined) {
+      stack->push_back(c10::IValue(at::Tensor()));
+    } else if (alias >= 0 && conv.impl(alias)) {
+      SetSlotValue(conv.impl(alias)->slot(), v);  // in-place / out=: the argument takes the value
+      stack->push_back(original_args[alias]);
+    } else {
+      stack->push_back(WrapOutput(v, factory));
+    }
+  }
+}
+
+}  // namespace spmd::aten

@@ -1,0 +1,32 @@
+// The boxed kernel behind every ATen op on the spmd device: records the op as one IR node
+// (output shapes from the meta kernel or a shape function), or runs it eagerly on the host
+// when it cannot be recorded (data-dependent shapes, non-tensor results).
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "aten/op_plan.h"
+#include "ir/node.h"
+
+namespace spmd::aten {
+
+void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Records `op` as one IR node (the generic path of LazyFallback).
+void RecordOp(OpPlan& plan, torch::jit::Stack* stack);
+
+// Wraps a value as a new spmd tensor; factory outputs are wrapped for functionalization
+// (unless functionalization is excluded in this dispatch context).
+at::Tensor WrapOutput(const ir::Value& v, bool factory);
+
+// Runs `op` on the host values of its arguments and uploads tensor results (replicated).
+void RunEager(OpPlan& plan, torch::jit::Stack* stack);
+
+// Records a node for an internal or ATen op built in C++ (not through the dispatcher) and
+// returns its output values.
+ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,
+                     std::vector<ir::Arg> args, TensorType output);
+
+// Uploads a host tensor as replicated device data and returns its data node's value.
+ir::Value UploadValue(const at::Tensor& host);
+
+}  // namespace spmd::aten

@@ -1,0 +1,122 @@
+#include "aten/sync.h"
+
+#include <unordered_map>
+
+#include "core/metrics.h"
+#include "partition/partitioner.h"
+#include "runtime/compile_cache.h"
+
+namespace spmd::aten {
+
+namespace {
+
+struct ValueHash {
+  size_t operator()(const ir::Value& v) const {
+    return std::hash<const void*>()(v.node.get()) ^ static_cast<size_t>(v.index);
+  }
+};
+
+partition::ProgramStats& LastStats() {
+  static auto* stats = new partition::ProgramStats();
+  return *stats;
+}
+
+std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
+  auto& cache = runtime::CompileCache::Get();
+  if (auto exe = cache.Lookup(graph.key)) {
+    Count("CachedCompile");
+    return exe;
+  }
+  Count("UncachedCompile");
+  ScopedTimer timer("CompileTime");
+  auto exe = std::make_shared<runtime::Executable>(partition::PartitionGraph(graph));
+  cache.Insert(graph.key, exe);
+  return exe;
+}
+
+// The device data of a parameter, laid out as the program expects it.
+runtime::DeviceDataPtr ParamData(const ir::NodePtr& param, const Sharding& expected) {
+  auto data = std::static_pointer_cast<runtime::DeviceData>(param->data());
+  bool have_replicated = data->is_replicated();
+  bool want_replicated = !expected.valid() || expected.IsReplicated();
+  if (have_replicated && want_replicated) return data;
+  if (!want_replicated && data->sharding().valid() && data->sharding() == expected) return data;
+  Count("ReshardParameters");
+  return data->Relayout(expected);
+}
+
+}  // namespace
+
+void SyncSlots(const std::vector<SlotPtr>& slots) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::vector<ir::Value> outputs;
+  std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash> slots_of;
+  for (const SlotPtr& s : slots) {
+    if (!s->value.valid() || s->value.node->is_data()) continue;
+    auto& users = slots_of[s->value];
+    if (users.empty()) outputs.push_back(s->value);
+    users.push_back(&s);
+  }
+  if (outputs.empty()) return;
+
+  ir::Graph graph = ir::BuildGraph(outputs);
+  auto exe = GetExecutable(graph);
+  const partition::Program& program = exe->program();
+  std::vector<runtime::DeviceDataPtr> params;
+  params.reserve(graph.params.size());
+  for (size_t i = 0; i < graph.params.size(); ++i)
+    params.push_back(ParamData(graph.params[i], program.param_shardings[i]));
+
+  std::vector<runtime::DeviceDataPtr> results;
+  {
+    ScopedTimer timer("ExecuteTime");
+    results = exe->Run(params, graph.scalars);
+  }
+  Count("ExecuteGraph");
+  LastStats() = program.stats;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    ir::NodePtr data_node = ir::MakeDataNode(results[i]);
+    for (const SlotPtr* s : slots_of[outputs[i]]) SetSlotValue(*s, ir::Value{data_node, 0});
+  }
+}
+
+void SyncAll() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  SyncSlots(PendingSlots());
+}
+
+runtime::DeviceDataPtr Materialize(const SlotPtr& slot) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  if (!slot->value.node->is_data()) SyncSlots({slot});
+  return std::static_pointer_cast<runtime::DeviceData>(slot->value.node->data());
+}
+
+at::Tensor ToHost(const at::Tensor& t) {
+  LazyImpl* impl = GetLazyImpl(t);
+  return Materialize(impl->slot())->ToHost();
+}
+
+namespace {
+std::vector<ir::Value> PendingValues(const std::vector<at::Tensor>& tensors) {
+  std::vector<ir::Value> values;
+  for (const at::Tensor& t : tensors) values.push_back(GetLazyImpl(t)->slot()->value);
+  return values;
+}
+}  // namespace
+
+std::string PendingGraphText(const std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return ir::GraphToText(ir::BuildGraph(PendingValues(tensors)));
+}
+
+std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors))).ToText();
+}
+
+partition::ProgramStats LastStepStats() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return LastStats();
+}
+
+}  // namespace spmd::aten

@@ -1,0 +1,134 @@
+// Kernels for the ops that move data between the host and the devices. Host->device copies
+// upload eagerly (recording them would capture the user's host tensor by reference, and it may
+// change); device->host copies materialize; device->device copies are recorded like any op.
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+#include "aten/lazy_tensor.h"
+#include "aten/op_plan.h"
+#include "aten/recorder.h"
+#include "aten/sync.h"
+#include "core/metrics.h"
+
+namespace spmd::aten {
+
+namespace {
+
+at::Tensor HostValue(LazyImpl* impl) { return Materialize(impl->slot())->ToHost(); }
+
+// Uploads `src` (any device-less host tensor) into the lazy tensor `dst`: broadcast to dst's
+// shape and cast to its dtype, as copy_ does.
+void UploadInto(LazyImpl* dst, const at::Tensor& src) {
+  Count("TransferToDevice");
+  const TensorType& type = dst->slot()->value.type();
+  at::Tensor host = src.to(runtime::ToScalarType(type.dtype)).expand(type.shape).contiguous();
+  SetSlotValue(dst->slot(), UploadValue(host));
+}
+
+// _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
+void ToCopy(OpPlan& plan, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 7);
+  at::Tensor self = args[0].toTensor();
+  auto dtype = args[1].toOptional<at::ScalarType>();
+  auto device = args[3].toOptional<c10::Device>();
+  LazyImpl* impl = TryGetLazyImpl(self);
+  at::Tensor result;
+  if (!impl) {
+    TORCH_CHECK(self.device().is_cpu(), "cannot copy a tensor on ", self.device(),
+                " to the spmd device; move it to the CPU first");
+    Count("TransferToDevice");
+    at::Tensor host = self.to(dtype.value_or(self.scalar_type()));
+    result = WrapOutput(UploadValue(host), /*factory=*/true);
+  } else if (device && device->type() != c10::DeviceType::PrivateUse1) {
+    TORCH_CHECK(device->is_cpu(), "spmd tensors can only be copied to the CPU, not ", *device);
+    Count("TransferFromDevice");
+    at::Tensor host = HostValue(impl);
+    // Always a fresh tensor: device buffers are shared and immutable.
+    result = host.to(dtype.value_or(host.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
+  } else {
+    return RecordOp(plan, stack);
+  }
+  torch::jit::drop(*stack, 7);
+  stack->push_back(result);
+}
+
+// copy_(self, src, non_blocking): self is on the device.
+void CopyInPlace(OpPlan& plan, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  at::Tensor self = args[0].toTensor();
+  at::Tensor src = args[1].toTensor();
+  LazyImpl* dst = TryGetLazyImpl(self);
+  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return RecordOp(plan, stack);
+  TORCH_CHECK(src.device().is_cpu(), "cannot copy from ", src.device(), " into an spmd tensor");
+  UploadInto(dst, src);
+  torch::jit::drop(*stack, 3);
+  stack->push_back(self);
+}
+
+// _copy_from(self=src, dst, non_blocking) and _copy_from_and_resize(self=src, dst)
+void CopyFrom(OpPlan& plan, torch::jit::Stack* stack) {
+  size_t n = plan.info->args.size();
+  auto args = torch::jit::last(*stack, n);
+  at::Tensor src = args[0].toTensor();
+  at::Tensor dst = args[1].toTensor();
+  LazyImpl* src_impl = TryGetLazyImpl(src);
+  LazyImpl* dst_impl = TryGetLazyImpl(dst);
+  if (dst_impl && n == 2 && dst.sizes() != src.sizes()) dst_impl->set_sizes_contiguous(src.sizes());
+  if (src_impl && !dst_impl) {
+    Count("TransferFromDevice");
+    at::Tensor host = HostValue(src_impl);
+    if (n == 2) dst.resize_(host.sizes());
+    dst.copy_(host);
+  } else if (!src_impl && dst_impl) {
+    if (n == 2) SetSlotValue(dst_impl->slot(), UploadValue(at::empty(dst.sizes(), dst.options().device(c10::kCPU))));
+    UploadInto(dst_impl, src);
+  } else {
+    TORCH_CHECK(src_impl && dst_impl, "_copy_from between two host tensors reached the spmd device");
+    // Device to device: dst takes src, cast and broadcast, through the recorded copy_.
+    dst.copy_(src);
+  }
+  torch::jit::drop(*stack, n);
+  stack->push_back(dst);
+}
+
+// _local_scalar_dense(self) -> Scalar: Tensor.item().
+void LocalScalarDense(OpPlan& plan, torch::jit::Stack* stack) {
+  at::Tensor self = stack->back().toTensor();
+  Count("TransferFromDevice");
+  at::Scalar value = HostValue(GetLazyImpl(self)).item();
+  torch::jit::drop(*stack, 1);
+  stack->push_back(value);
+}
+
+// resize_(self, size, memory_format): only a lazy value of the new shape (contents undefined,
+// as in ATen).
+void Resize(OpPlan& plan, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  at::Tensor self = args[0].toTensor();
+  std::vector<int64_t> size = args[1].toIntVector();
+  LazyImpl* impl = GetLazyImpl(self);
+  if (self.sizes().vec() != size) {
+    impl->set_sizes_contiguous(size);
+    SetSlotValue(impl->slot(), UploadValue(at::zeros(size, self.options().device(c10::kCPU))));
+  }
+  torch::jit::drop(*stack, 3);
+  stack->push_back(self);
+}
+
+}  // namespace
+
+SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
+  static const auto* table = new std::unordered_map<std::string, SpecialKernel>{
+      {"aten::_to_copy", ToCopy},
+      {"aten::copy_", CopyInPlace},
+      {"aten::_copy_from", CopyFrom},
+      {"aten::_copy_from_and_resize", CopyFrom},
+      {"aten::_local_scalar_dense", LocalScalarDense},
+      {"aten::resize_", Resize},
+  };
+  auto it = table->find(qualified_name);
+  return it == table->end() ? nullptr : it->second;
+}
+
+}  // namespace spmd::aten

@@ -1,0 +1,30 @@
+// Element types, mirrored from c10::ScalarType so the torch-free layers can reason about bytes
+// and names. The numeric values are identical to c10's, so the ATen layer converts with a cast.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace spmd {
+
+enum class DType : int8_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kInt16 = 2,
+  kInt32 = 3,
+  kInt64 = 4,
+  kFloat16 = 5,
+  kFloat32 = 6,
+  kFloat64 = 7,
+  kComplex32 = 8,
+  kComplex64 = 9,
+  kComplex128 = 10,
+  kBool = 11,
+  kBFloat16 = 15,
+  kUndefined = 127,
+};
+
+int64_t ElementSize(DType dtype);
+std::string DTypeName(DType dtype);  // "f32", "bf16", "i64", ...
+bool IsFloatingPoint(DType dtype);
+
+}  // namespace spmd

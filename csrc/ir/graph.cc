@@ -1,0 +1,104 @@
+#include "ir/graph.h"
+
+#include <sstream>
+
+namespace spmd::ir {
+
+Graph BuildGraph(const std::vector<Value>& outputs) {
+  Graph g;
+  g.outputs = outputs;
+  // Iterative DFS: training graphs have many thousands of nodes, too deep for recursion.
+  std::vector<std::pair<NodePtr, size_t>> stack;
+  std::unordered_map<const Node*, bool> visited;
+  for (const Value& root : outputs) {
+    if (!visited.emplace(root.node.get(), true).second) continue;
+    stack.emplace_back(root.node, 0);
+    while (!stack.empty()) {
+      Node* node = stack.back().first.get();
+      size_t next = stack.back().second;
+      if (next < node->inputs().size()) {
+        stack.back().second++;
+        const NodePtr& in = node->inputs()[next].node;
+        if (visited.emplace(in.get(), true).second) stack.emplace_back(in, 0);
+        continue;
+      }
+      g.position[node] = static_cast<int>(g.nodes.size());
+      g.nodes.push_back(std::move(stack.back().first));
+      stack.pop_back();
+    }
+  }
+
+  Hash key = HashInt(static_cast<int64_t>(g.nodes.size()));
+  for (const NodePtr& n : g.nodes) {
+    if (n->is_data()) g.params.push_back(n);
+    Hash h = n->hash();
+    for (const Value& in : n->inputs()) {
+      h = HashCombine(h, HashInt(g.position.at(in.node.get())));
+      h = HashCombine(h, HashInt(in.index));
+    }
+    key = HashCombine(key, h);
+    for (const Arg& a : n->args()) {
+      if (!a.dynamic) continue;
+      g.scalars.push_back(ScalarValue{a.kind, a.i, a.d});
+    }
+  }
+  for (const Value& out : outputs) {
+    key = HashCombine(key, HashInt(g.position.at(out.node.get())));
+    key = HashCombine(key, HashInt(out.index));
+  }
+  g.key = key;
+  return g;
+}
+
+std::string GraphToText(const Graph& g) {
+  std::ostringstream os;
+  auto name = [&](const Value& v) {
+    std::string s = "%" + std::to_string(g.position.at(v.node.get()));
+    if (v.node->num_outputs() > 1) s += "." + std::to_string(v.index);
+    return s;
+  };
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const Node& n = *g.nodes[k];
+    os << "%" << k << " = " << n.op()->qualified << "(";
+    bool first = true;
+    size_t next_input = 0;
+    for (size_t a = 0; a < n.args().size(); ++a) {
+      const Arg& arg = n.args()[a];
+      if (!first) os << ", ";
+      first = false;
+      if (a < n.op()->args.size()) os << n.op()->args[a].name << "=";
+      if (arg.kind == Arg::Kind::kTensor) {
+        os << name(n.input(arg.i));
+        next_input = std::max<size_t>(next_input, arg.i + 1);
+      } else if (arg.kind == Arg::Kind::kTensorList || arg.kind == Arg::Kind::kOptTensorList) {
+        os << "[";
+        for (size_t j = 0; j < arg.ints.size(); ++j) {
+          if (j) os << ", ";
+          os << (arg.ints[j] < 0 ? std::string("None") : name(n.input(arg.ints[j])));
+        }
+        os << "]";
+      } else {
+        os << arg.ToString();
+      }
+    }
+    // Internal ops without schema args list their inputs positionally.
+    for (size_t i = next_input; i < n.inputs().size(); ++i) {
+      if (!first) os << ", ";
+      first = false;
+      os << name(n.input(i));
+    }
+    os << ") : ";
+    for (int o = 0; o < n.num_outputs(); ++o) os << (o ? ", " : "") << n.output(o).ToString();
+    if (n.is_data() && n.data()->sharding().valid())
+      os << " " << n.data()->sharding().ToString();
+    for (const Sharding& s : n.shardings())
+      if (s.valid()) os << " " << s.ToString();
+    os << "\n";
+  }
+  os << "outputs: ";
+  for (size_t i = 0; i < g.outputs.size(); ++i) os << (i ? ", " : "") << name(g.outputs[i]);
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace spmd::ir

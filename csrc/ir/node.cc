@@ -1,0 +1,52 @@
+#include "ir/node.h"
+
+namespace spmd::ir {
+
+namespace {
+std::atomic<uint64_t> g_next_node_id{0};
+}
+
+const TensorType& Value::type() const { return node->output(index); }
+
+Node::Node(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
+           std::vector<TensorType> outputs)
+    : op_(op),
+      inputs_(std::move(inputs)),
+      args_(std::move(args)),
+      outputs_(std::move(outputs)),
+      id_(g_next_node_id.fetch_add(1, std::memory_order_relaxed)) {}
+
+Hash Node::hash() const {
+  if (hash_ != 0) return hash_;
+  Hash h = HashString(op_->qualified);
+  for (const Arg& a : args_) h = HashCombine(h, a.hash());
+  for (const TensorType& t : outputs_) {
+    h = HashCombine(h, HashInt(static_cast<int64_t>(t.dtype)));
+    h = HashCombine(h, HashInts(t.shape));
+  }
+  for (const Sharding& s : shardings_) h = HashCombine(h, s.valid() ? s.hash() : 1);
+  if (data_) {
+    const Sharding& s = data_->sharding();
+    h = HashCombine(h, s.valid() ? s.hash() : 2);
+  }
+  hash_ = h == 0 ? 1 : h;
+  return hash_;
+}
+
+NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
+                 std::vector<TensorType> outputs) {
+  return std::make_shared<Node>(op, std::move(inputs), std::move(args), std::move(outputs));
+}
+
+}  // namespace spmd::ir
+
+#include "ir/internal_ops.h"
+
+namespace spmd::ir {
+NodePtr MakeDataNode(std::shared_ptr<DataHandle> data) {
+  TensorType type = data->type();
+  auto node = MakeNode(InternalOps::Get().device_data, {}, {}, {type});
+  node->set_data(std::move(data));
+  return node;
+}
+}  // namespace spmd::ir

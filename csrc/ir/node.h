@@ -1,0 +1,87 @@
+// The lazy graph: immutable SSA nodes shared by pointer. A node is an op, its tensor inputs
+// (other nodes' outputs), its non-tensor args in schema order, and the static types of its
+// outputs. Parameter nodes (spmd::device_data) carry a handle to data already on the devices.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/hash.h"
+#include "core/shape.h"
+#include "ir/arg.h"
+#include "ir/op.h"
+#include "sharding/sharding.h"
+
+namespace spmd::ir {
+
+class Node;
+using NodePtr = std::shared_ptr<Node>;
+
+// One output of one node.
+struct Value {
+  NodePtr node;
+  int index = 0;
+
+  bool valid() const { return node != nullptr; }
+  const TensorType& type() const;
+  bool operator==(const Value& o) const { return node == o.node && index == o.index; }
+};
+
+// Data that already lives on the devices (a materialized tensor). The runtime implements it;
+// the IR only needs its type and layout.
+class DataHandle {
+ public:
+  virtual ~DataHandle() = default;
+  virtual const TensorType& type() const = 0;
+  virtual const Sharding& sharding() const = 0;  // invalid() = not laid out yet (replicated)
+};
+
+class Node {
+ public:
+  Node(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
+       std::vector<TensorType> outputs);
+
+  const OpInfo* op() const { return op_; }
+  const std::vector<Value>& inputs() const { return inputs_; }
+  const Value& input(size_t i) const { return inputs_.at(i); }
+  const std::vector<Arg>& args() const { return args_; }
+  const Arg& arg(size_t i) const { return args_.at(i); }
+  const std::vector<TensorType>& outputs() const { return outputs_; }
+  const TensorType& output(size_t i) const { return outputs_.at(i); }
+  int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  uint64_t id() const { return id_; }
+
+  // Parameter nodes.
+  const std::shared_ptr<DataHandle>& data() const { return data_; }
+  void set_data(std::shared_ptr<DataHandle> d) { data_ = std::move(d); }
+  bool is_data() const { return data_ != nullptr; }
+
+  // Optional per-output sharding: the user's constraint on spmd::sharding_constraint nodes, and
+  // the chosen layout on nodes of a partitioned program. Part of the node's hash.
+  const std::vector<Sharding>& shardings() const { return shardings_; }
+  void set_shardings(std::vector<Sharding> s) { shardings_ = std::move(s); hash_ = 0; }
+
+  // Hash of op, args and output types (not of the inputs: graphs hash their wiring).
+  Hash hash() const;
+
+ private:
+  const OpInfo* op_;
+  std::vector<Value> inputs_;
+  std::vector<Arg> args_;
+  std::vector<TensorType> outputs_;
+  std::shared_ptr<DataHandle> data_;
+  std::vector<Sharding> shardings_;
+  uint64_t id_;
+  mutable Hash hash_ = 0;
+};
+
+NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
+                 std::vector<TensorType> outputs);
+
+}  // namespace spmd::ir
+
+namespace spmd::ir {
+// A parameter node for data already on the devices.
+NodePtr MakeDataNode(std::shared_ptr<DataHandle> data);
+}  // namespace spmd::ir

@@ -1,0 +1,12 @@
+// The compiler entry point: global graph in, per-device SPMD program out.
+#pragma once
+#include "ir/graph.h"
+#include "partition/program.h"
+
+namespace spmd::partition {
+
+// Partitions `graph` over the mesh its annotations use. Parameters keep the layout their data
+// already has; every reshard the program needs is an explicit collective in it.
+Program PartitionGraph(const ir::Graph& graph);
+
+}  // namespace spmd::partition

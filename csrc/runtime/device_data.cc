@@ -1,0 +1,142 @@
+#include "runtime/device_data.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "core/error.h"
+
+namespace spmd::runtime {
+
+c10::ScalarType ToScalarType(DType dtype) { return static_cast<c10::ScalarType>(dtype); }
+DType FromScalarType(c10::ScalarType type) { return static_cast<DType>(type); }
+
+TensorType TypeOf(const at::Tensor& t) {
+  return TensorType{FromScalarType(t.scalar_type()), Shape(t.sizes().begin(), t.sizes().end())};
+}
+
+BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label) {
+  auto buf = std::make_shared<DeviceBuffer>();
+  int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  buf->alloc = DeviceSet::Get().Allocate(device, bytes, label);
+  buf->tensor = std::move(tensor);
+  return buf;
+}
+
+std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label) {
+  int64_t n = DeviceSet::Get().num_devices();
+  std::vector<BufferPtr> out;
+  out.reserve(n);
+  for (int64_t d = 0; d < n; ++d) out.push_back(MakeBuffer(d, tensor, label));
+  return out;
+}
+
+DeviceData::DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards)
+    : type_(std::move(type)), sharding_(std::move(sharding)), shards_(std::move(shards)) {}
+
+at::Tensor ExtractShard(const at::Tensor& global, const Sharding& sharding, int64_t device) {
+  Shape global_shape(global.sizes().begin(), global.sizes().end());
+  Shape shard_shape = sharding.ShardShape(global_shape);
+  at::Tensor piece = global;
+  bool padded = false;
+  for (int64_t d = 0; d < sharding.rank(); ++d) {
+    if (sharding.NumTiles(d) == 1) continue;
+    int64_t off = sharding.ShardOffset(global_shape, d, device);
+    int64_t len = sharding.ShardLength(global_shape, d, device);
+    piece = piece.narrow(d, off, len);
+    padded |= len != shard_shape[d];
+  }
+  if (!padded) return piece.contiguous();
+  at::Tensor out = at::zeros(shard_shape, global.options());
+  at::Tensor dst = out;
+  for (int64_t d = 0; d < sharding.rank(); ++d) dst = dst.narrow(d, 0, piece.size(d));
+  dst.copy_(piece);
+  return out;
+}
+
+std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
+                                                 const Sharding& sharding) {
+  TensorType type = TypeOf(host);
+  std::string label = "tensor " + type.ToString();
+  at::Tensor global = host.contiguous();
+  int64_t n = DeviceSet::Get().num_devices();
+  if (!sharding.valid() || sharding.IsReplicated()) {
+    // Own a private copy: the caller's host tensor may be mutated later.
+    at::Tensor copy = global.is_same(host) ? global.clone() : global;
+    return std::make_shared<DeviceData>(type, sharding, MakeReplicatedBuffers(copy, label));
+  }
+  SPMD_CHECK(sharding.mesh().size() == n, "sharding mesh has ", sharding.mesh().size(),
+             " devices but the device set has ", n);
+  // Replicas of a tile share one host tensor: key each device by its tile coordinates.
+  std::map<std::vector<int64_t>, at::Tensor> tiles;
+  std::vector<BufferPtr> shards;
+  shards.reserve(n);
+  for (int64_t dev = 0; dev < n; ++dev) {
+    std::vector<int64_t> tile;
+    for (int64_t d = 0; d < sharding.rank(); ++d) tile.push_back(sharding.TileIndex(d, dev));
+    auto it = tiles.find(tile);
+    if (it == tiles.end()) {
+      at::Tensor shard = ExtractShard(global, sharding, dev);
+      if (shard.data_ptr() == global.data_ptr() && global.is_same(host)) shard = shard.clone();
+      it = tiles.emplace(tile, shard).first;
+    }
+    shards.push_back(MakeBuffer(dev, it->second, label + " shard"));
+  }
+  return std::make_shared<DeviceData>(type, sharding, std::move(shards));
+}
+
+at::Tensor DeviceData::ToHost() const {
+  if (is_replicated()) return shards_.at(0)->tensor;
+  SPMD_CHECK(!sharding_.is_manual(), "cannot read a manually sharded value back to the host");
+  const Shape& global_shape = type_.shape;
+  at::Tensor out = at::zeros(global_shape, shards_.at(0)->tensor.options());
+  // One device per distinct tile (and, for partial sums, every device of a reduction group).
+  std::map<std::vector<int64_t>, std::vector<int64_t>> devices_of_tile;
+  for (int64_t dev = 0; dev < static_cast<int64_t>(shards_.size()); ++dev) {
+    std::vector<int64_t> tile;
+    for (int64_t d = 0; d < sharding_.rank(); ++d) tile.push_back(sharding_.TileIndex(d, dev));
+    devices_of_tile[tile].push_back(dev);
+  }
+  for (const auto& [tile, devs] : devices_of_tile) {
+    at::Tensor dst = out;
+    std::vector<int64_t> lengths;
+    for (int64_t d = 0; d < sharding_.rank(); ++d) {
+      int64_t off = sharding_.ShardOffset(global_shape, d, devs[0]);
+      int64_t len = sharding_.ShardLength(global_shape, d, devs[0]);
+      dst = dst.narrow(d, off, len);
+      lengths.push_back(len);
+    }
+    auto unpadded = [&](int64_t dev) {
+      at::Tensor s = shards_[dev]->tensor;
+      for (int64_t d = 0; d < sharding_.rank(); ++d) s = s.narrow(d, 0, lengths[d]);
+      return s;
+    };
+    if (!sharding_.IsPartial()) {
+      dst.copy_(unpadded(devs[0]));
+      continue;
+    }
+    // Partial: the value is the reduction over the partial axes. Devices sharing a tile also
+    // differ along replicated axes; reduce over one representative per partial-group member.
+    std::vector<std::vector<int64_t>> groups = DeviceGroups(sharding_.mesh(), sharding_.partial_axes());
+    std::vector<int64_t> members;
+    for (const auto& g : groups)
+      if (std::find(g.begin(), g.end(), devs[0]) != g.end()) members = g;
+    at::Tensor acc = unpadded(members[0]).clone();
+    for (size_t m = 1; m < members.size(); ++m) {
+      at::Tensor v = unpadded(members[m]);
+      switch (sharding_.partial_op()) {
+        case ReduceOp::kSum: acc.add_(v); break;
+        case ReduceOp::kMax: acc = at::maximum(acc, v); break;
+        case ReduceOp::kMin: acc = at::minimum(acc, v); break;
+      }
+    }
+    dst.copy_(acc);
+  }
+  return out;
+}
+
+std::shared_ptr<DeviceData> DeviceData::Relayout(const Sharding& target) const {
+  return FromHost(ToHost(), target);
+}
+
+}  // namespace spmd::runtime

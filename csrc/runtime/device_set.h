@@ -1,0 +1,84 @@
+// The emulated device set: N devices, each with its own memory accounting and capacity. Data is
+// physically held in host memory (a replicated value may share one host buffer between
+// devices), but every device accounts for the bytes it logically holds, exactly as a real pod's
+// HBM would, and refuses an allocation that would exceed its capacity.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace spmd::runtime {
+
+struct DeviceStats {
+  int64_t bytes_used = 0;
+  int64_t peak_bytes_used = 0;
+  int64_t bytes_limit = 0;
+  int64_t num_buffers = 0;
+};
+
+class DeviceSet;
+
+// One device's claim on `bytes` of its memory; released on destruction.
+class Allocation {
+ public:
+  Allocation() = default;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+  Allocation(Allocation&& o) noexcept { *this = std::move(o); }
+  Allocation& operator=(Allocation&& o) noexcept;
+  ~Allocation() { Release(); }
+
+  int64_t device() const { return device_; }
+  int64_t bytes() const { return bytes_; }
+  void Release();
+
+ private:
+  friend class DeviceSet;
+  DeviceSet* owner_ = nullptr;
+  int64_t device_ = -1;
+  int64_t bytes_ = 0;
+  uint64_t id_ = 0;
+};
+
+class DeviceSet {
+ public:
+  // The process-wide device set, created on first use from SPMD_NUM_DEVICES (default 8) and
+  // SPMD_DEVICE_MEMORY (default "16GiB"; accepts B, KiB, MiB, GiB, TiB, KB, MB, GB, TB).
+  static DeviceSet& Get();
+  // Replaces the configuration; only allowed while no buffer is live.
+  static void Configure(int64_t num_devices, int64_t bytes_per_device);
+  // Parses "16GiB", "512MB", "1024" (bytes). Throws std::invalid_argument on bad text.
+  static int64_t ParseBytes(const std::string& text);
+
+  int64_t num_devices() const { return static_cast<int64_t>(devices_.size()); }
+  int64_t bytes_limit() const { return bytes_limit_; }
+
+  // Claims `bytes` on `device`. Throws spmd::OutOfMemoryError naming the device, the bytes
+  // needed, the capacity and the largest live buffers when it does not fit.
+  Allocation Allocate(int64_t device, int64_t bytes, const std::string& label);
+  DeviceStats Stats(int64_t device) const;
+  void ResetPeak(int64_t device);  // peak := current use
+  void ResetAllPeaks();
+  int64_t live_allocations() const;
+
+ private:
+  friend class Allocation;
+  DeviceSet(int64_t num_devices, int64_t bytes_per_device);
+  void Free(int64_t device, uint64_t id, int64_t bytes);
+
+  struct Device {
+    DeviceStats stats;
+    std::map<uint64_t, std::pair<int64_t, std::string>> live;  // id -> (bytes, label)
+  };
+  mutable std::mutex mu_;
+  std::vector<Device> devices_;
+  int64_t bytes_limit_;
+  uint64_t next_id_ = 1;
+};
+
+std::string FormatBytes(int64_t bytes);  // "1.50 MiB"
+
+}  // namespace spmd::runtime

@@ -1,0 +1,52 @@
+#include "runtime/internal_kernels.h"
+
+#include <mutex>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "ir/internal_ops.h"
+
+namespace spmd::runtime {
+
+namespace {
+std::unordered_map<std::string, InternalKernel>& Registry() {
+  static auto* r = new std::unordered_map<std::string, InternalKernel>();
+  return *r;
+}
+std::mutex& RegistryMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+// A sharding constraint is an identity on each device: by the time a program runs, the
+// partitioner has already moved the data into the constrained layout.
+std::vector<PerDevice> Identity(const ir::Node& node, const std::vector<const PerDevice*>& in) {
+  return {*in.at(0)};
+}
+
+struct Registrar {
+  Registrar() {
+    RegisterInternalKernel(ir::InternalOps::Get().sharding_constraint->qualified, Identity);
+  }
+} registrar;
+}  // namespace
+
+void RegisterInternalKernel(const std::string& qualified_name, InternalKernel kernel) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry()[qualified_name] = std::move(kernel);
+}
+
+const InternalKernel* FindInternalKernel(const std::string& qualified_name) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto it = Registry().find(qualified_name);
+  return it == Registry().end() ? nullptr : &it->second;
+}
+
+PerDevice MakePerDevice(const std::vector<at::Tensor>& tensors, const std::string& label) {
+  PerDevice out;
+  out.reserve(tensors.size());
+  for (size_t d = 0; d < tensors.size(); ++d) out.push_back(MakeBuffer(d, tensors[d], label));
+  return out;
+}
+
+}  // namespace spmd::runtime

@@ -1,0 +1,108 @@
+// torch_spmd._C: bindings only. Logic lives in csrc/.
+#include <torch/csrc/utils/pybind.h>
+
+#include "aten/backend.h"
+#include "aten/lazy_tensor.h"
+#include "aten/sync.h"
+#include "core/metrics.h"
+#include "runtime/compile_cache.h"
+#include "runtime/device_set.h"
+
+namespace py = pybind11;
+
+namespace spmd {
+namespace {
+
+void BindMetrics(py::module_& m) {
+  m.def("_metrics_report", [] { return Metrics::Get().Report(); });
+  m.def("_counter_names", [] { return Metrics::Get().CounterNames(); });
+  m.def("_counter_value", [](const std::string& name) { return Metrics::Get().CounterValue(name); });
+  m.def("_metric_names", [] { return Metrics::Get().MetricNames(); });
+  m.def("_metric_data", [](const std::string& name) -> py::object {
+    MetricData data;
+    if (!Metrics::Get().GetMetric(name, &data)) return py::none();
+    return py::make_tuple(data.total_samples, data.accumulator, data.samples);
+  });
+  m.def("_clear_counters", [] { Metrics::Get().ClearCounters(); });
+  m.def("_clear_metrics", [] { Metrics::Get().ClearMetrics(); });
+}
+
+void BindDevices(py::module_& m) {
+  m.def("_num_devices", [] { return runtime::DeviceSet::Get().num_devices(); });
+  m.def("_configure_devices", &runtime::DeviceSet::Configure, py::arg("num_devices"),
+        py::arg("bytes_per_device"));
+  m.def("_parse_bytes", &runtime::DeviceSet::ParseBytes);
+  m.def("_memory_info", [](int64_t device) {
+    runtime::DeviceStats s = runtime::DeviceSet::Get().Stats(device);
+    py::dict d;
+    d["bytes_used"] = s.bytes_used;
+    d["bytes_limit"] = s.bytes_limit;
+    d["peak_bytes_used"] = s.peak_bytes_used;
+    d["num_buffers"] = s.num_buffers;
+    return d;
+  });
+  m.def("_reset_peak_memory", [] { runtime::DeviceSet::Get().ResetAllPeaks(); });
+}
+
+void BindGraph(py::module_& m) {
+  m.def("_init", &aten::RegisterBackend);
+  m.def("_num_captured_ops", &aten::NumCapturedOps);
+  m.def("_is_spmd_tensor", [](const at::Tensor& t) { return aten::TryGetLazyImpl(t) != nullptr; });
+  m.def("_mark_step", [] {
+    Count("MarkStep");
+    py::gil_scoped_release release;
+    aten::SyncAll();
+  });
+  m.def("_sync_tensors", [](const std::vector<at::Tensor>& tensors) {
+    std::vector<aten::SlotPtr> slots;
+    for (const at::Tensor& t : tensors) slots.push_back(aten::GetLazyImpl(t)->slot());
+    py::gil_scoped_release release;
+    aten::SyncSlots(slots);
+  });
+  m.def("_to_host", [](const at::Tensor& t) {
+    at::Tensor host = aten::ToHost(t);
+    return host.clone();
+  });
+  m.def("_graph_text", &aten::PendingGraphText);
+  m.def("_partitioned_program", &aten::PartitionedProgramText);
+  m.def("_last_step_stats", [] {
+    partition::ProgramStats s = aten::LastStepStats();
+    py::list collectives;
+    for (const auto& c : s.collectives) {
+      py::dict d;
+      d["kind"] = c.kind;
+      d["axes"] = c.axes;
+      d["group_size"] = c.group_size;
+      d["bytes"] = c.bytes;
+      collectives.append(d);
+    }
+    py::dict d;
+    d["collectives"] = collectives;
+    d["peak_bytes_per_device"] = s.peak_bytes_per_device;
+    d["flops_per_device"] = s.flops_per_device;
+    d["replicated_fallback_ops"] = s.replicated_fallback_ops;
+    return d;
+  });
+  m.def("_compile_cache_size", [] { return runtime::CompileCache::Get().size(); });
+  m.def("_clear_compile_cache", [] { runtime::CompileCache::Get().Clear(); });
+  m.def("_live_tensor_count", &aten::LiveSlotCount);
+}
+
+}  // namespace
+}  // namespace spmd
+
+PYBIND11_MODULE(_C, m) {
+  // c10 errors carry a C++ backtrace in what(); users get the message, as with torch's own ops.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+  spmd::BindMetrics(m);
+  spmd::BindDevices(m);
+  spmd::BindGraph(m);
+}

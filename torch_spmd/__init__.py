@@ -1,0 +1,16 @@
+"""torch_spmd: GSPMD-style automatic parallelization for PyTorch programs.
+
+Put tensors on the spmd device (``torch_spmd.device()``), annotate a few with
+``torch_spmd.distributed.spmd.mark_sharding`` and call ``torch_spmd.sync()`` once per step:
+the recorded graph is partitioned over the emulated device mesh and executed.
+"""
+import torch
+
+from . import _C  # noqa: F401  (registers the backend with the dispatcher)
+from ._device import device, is_spmd_tensor, sync
+from . import _patches
+
+_C._init()
+_patches.install()
+
+__all__ = ["device", "sync", "is_spmd_tensor"]
