@@ -1,6 +1,8 @@
 // torch_spmd._C: bindings only. Logic lives in csrc/.
 #include <torch/csrc/utils/pybind.h>
 
+#include "bindings.h"
+
 #include "aten/backend.h"
 #include "aten/lazy_tensor.h"
 #include "aten/sync.h"
@@ -105,4 +107,6 @@ PYBIND11_MODULE(_C, m) {
   spmd::BindMetrics(m);
   spmd::BindDevices(m);
   spmd::BindGraph(m);
+  spmd::BindSharding(m);
+  spmd::BindCollectives(m);
 }

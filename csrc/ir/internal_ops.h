@@ -1,5 +1,36 @@
 // The spmd:: ops: graph parameters, user sharding constraints, and the collectives and
 // device-dependent helpers that the partitioner inserts. The runtime executes them natively.
+//
+// Conventions for the partitioner-inserted ops (all are per-device, in a partitioned program):
+// - `axes` lists mesh axis indices. The devices taking part with a given device are its group
+//   DeviceGroups(mesh, axes); member i of a group holds tile i of a dim tiled by `axes` (first
+//   axis most major). The mesh is that of the node's shardings()[0] (the output layout).
+// - Uneven tiling: a tensor extent G tiled k ways gives shards of ceil(G/k) (the padded size);
+//   tile i is valid on [0, len_i) with len_i = min((i+1)s, G) - min(is, G); the rest is padding
+//   whose contents are unspecified unless an op says otherwise.
+//
+//   all_gather(x; dim, axes, size)       members' tiles of an extent-`size` dim, concatenated
+//                                        without their padding: the output extent is `size`.
+//   all_reduce(x; axes, op)              elementwise reduction (op: ReduceOp) over the group.
+//   reduce_scatter(x; dim, axes, op, size)  x has extent `size` on dim; reduce over the group,
+//                                        then keep this member's tile (padded with zeros).
+//   all_to_all(x; split_dim, concat_dim, axes, split_size, concat_size)
+//                                        x is a tile (over `axes`) of an extent-`concat_size`
+//                                        dim and holds the whole extent-`split_size` dim; the
+//                                        result holds the whole concat dim and a tile of the
+//                                        split dim (padded). Moves axes from one dim to another.
+//   collective_permute(x; axes, pairs)   pairs = [src0, dst0, src1, dst1, ...] in group-member
+//                                        indices: member dst receives src's buffer; a member
+//                                        that receives nothing gets zeros.
+//   shard_slice(x; dim, axes, size)      x holds the whole extent-`size` dim (the same on every
+//                                        group member): keep this member's tile, zero-padded.
+//                                        No communication.
+//   mask_pad(x; dim, axes, size, value)  x is a tile of an extent-`size` dim: write `value` to
+//                                        its padding, so a reduction reading it is unaffected.
+//   halo_exchange(x; dim, axes, left, right, value)
+//                                        x is an even tile: output = [the previous member's last
+//                                        `left` rows | x | the next member's first `right` rows],
+//                                        `value` where there is no neighbour (ends of the dim).
 #pragma once
 #include "ir/op.h"
 
@@ -8,6 +39,14 @@ namespace spmd::ir {
 struct InternalOps {
   const OpInfo* device_data;          // graph parameter; node->data() holds the buffers
   const OpInfo* sharding_constraint;  // identity; shardings()[0] is the user's annotation
+  const OpInfo* all_gather;
+  const OpInfo* all_reduce;
+  const OpInfo* reduce_scatter;
+  const OpInfo* all_to_all;
+  const OpInfo* collective_permute;
+  const OpInfo* shard_slice;
+  const OpInfo* mask_pad;
+  const OpInfo* halo_exchange;
   static const InternalOps& Get();
 };
 

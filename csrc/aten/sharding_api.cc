@@ -1,0 +1,144 @@
+#include "aten/sharding_api.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+
+#include "aten/lazy_tensor.h"
+#include "aten/recorder.h"
+#include "aten/sync.h"
+#include "core/metrics.h"
+#include "ir/internal_ops.h"
+#include "runtime/device_data.h"
+
+namespace spmd::aten {
+
+namespace {
+
+runtime::DeviceDataPtr DataOf(const ir::Value& v) {
+  return std::static_pointer_cast<runtime::DeviceData>(v.node->data());
+}
+
+bool IsReplicatedOrNone(const Sharding& s) { return !s.valid() || s.IsReplicated(); }
+
+}  // namespace
+
+MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
+                   std::vector<std::string> axis_names) {
+  static std::mutex mu;
+  static auto* meshes = new std::map<Hash, std::vector<MeshPtr>>();
+  auto mesh = std::make_shared<const Mesh>(std::move(device_ids), std::move(shape),
+                                           std::move(axis_names));
+  std::lock_guard<std::mutex> lock(mu);
+  auto& bucket = (*meshes)[mesh->hash()];
+  for (const MeshPtr& m : bucket)
+    if (*m == *mesh) return m;
+  bucket.push_back(mesh);
+  return mesh;
+}
+
+void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "mark_sharding");
+  const SlotPtr& slot = impl->slot();
+  const TensorType& type = slot->value.type();
+  TORCH_CHECK(sharding.rank() == type.rank(), "sharding rank ", sharding.rank(),
+              " does not match the tensor rank ", type.rank());
+  Count("MarkSharding");
+  if (slot->value.node->is_data()) {
+    runtime::DeviceDataPtr data = DataOf(slot->value);
+    const Sharding& current = data->sharding();
+    if (current.valid() && current == sharding) return;
+    TORCH_CHECK(IsReplicatedOrNone(current),
+                "Existing annotation must be cleared first: the tensor is sharded as ",
+                current.ToString(), ", requested ", sharding.ToString());
+    Count("ReshardDeviceData");
+    SetSlotValue(slot, ir::Value{ir::MakeDataNode(data->Relayout(sharding)), 0});
+    return;
+  }
+  // A pending value: constrain it in the graph (propagation treats it as a user annotation).
+  ir::Value input = slot->value;
+  if (input.node->op() == ir::InternalOps::Get().sharding_constraint) input = input.node->input(0);
+  ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().sharding_constraint, {input},
+                                  {ir::Arg::Tensor(0)}, {type});
+  node->set_shardings({sharding});
+  SetSlotValue(slot, ir::Value{node, 0});
+}
+
+void ClearSharding(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "clear_sharding");
+  const SlotPtr& slot = impl->slot();
+  if (slot->value.node->is_data()) {
+    runtime::DeviceDataPtr data = DataOf(slot->value);
+    if (!data->sharding().valid()) return;
+    at::Tensor host = data->ToHost();
+    SetSlotValue(slot, ir::Value{ir::MakeDataNode(runtime::DeviceData::FromHost(host, Sharding())), 0});
+    return;
+  }
+  if (slot->value.node->op() == ir::InternalOps::Get().sharding_constraint)
+    SetSlotValue(slot, slot->value.node->input(0));
+}
+
+Sharding GetSharding(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t);
+  const ir::Value& v = impl->slot()->value;
+  if (v.node->is_data()) return DataOf(v)->sharding();
+  if (v.node->op() == ir::InternalOps::Get().sharding_constraint) return v.node->shardings().at(0);
+  return Sharding();
+}
+
+std::string GetShardingSpec(const at::Tensor& t) {
+  Sharding s = GetSharding(t);
+  return s.valid() ? s.ToString() : "";
+}
+
+std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  runtime::DeviceDataPtr data = Materialize(GetLazyImpl(t)->slot());
+  const Sharding& s = data->sharding();
+  const Shape& shape = data->type().shape;
+  std::vector<LocalShard> out;
+  int64_t n = static_cast<int64_t>(data->shards().size());
+  for (int64_t dev = 0; dev < n; ++dev) {
+    LocalShard shard;
+    shard.device = dev;
+    shard.data = data->shard(dev).clone();
+    for (size_t d = 0; d < shape.size(); ++d) {
+      bool tiled = s.valid() && s.NumTiles(d) > 1;
+      shard.offsets.push_back(tiled ? s.ShardOffset(shape, d, dev) : 0);
+      shard.lengths.push_back(tiled ? s.ShardLength(shape, d, dev) : shape[d]);
+    }
+    if (IsReplicatedOrNone(s)) shard.replica_id = dev;
+    else shard.replica_id = IndexInGroup(s.mesh(), s.ReplicatedAxes(), dev);
+    out.push_back(std::move(shard));
+  }
+  return out;
+}
+
+void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "load_local_shards_");
+  Sharding s = GetSharding(t);
+  TORCH_CHECK(!IsReplicatedOrNone(s),
+              "Replicated tensor should not be loaded from _load_local_shards - use copy_");
+  int64_t n = runtime::DeviceSet::Get().num_devices();
+  TORCH_CHECK(static_cast<int64_t>(shards.size()) == n,
+              "Shards must be provided for all local devices: got ", shards.size(), ", expected ", n);
+  const TensorType& type = impl->slot()->value.type();
+  Shape want = s.ShardShape(type.shape);
+  std::vector<runtime::BufferPtr> buffers;
+  for (int64_t dev = 0; dev < n; ++dev) {
+    at::Tensor shard = shards[dev];
+    TORCH_CHECK(shard.sizes().vec() == want, "Input shard shape must include padding: ",
+                shard.sizes(), " vs ", c10::IntArrayRef(want));
+    buffers.push_back(runtime::MakeBuffer(
+        dev, shard.to(runtime::ToScalarType(type.dtype)).contiguous().clone(), "loaded shard"));
+  }
+  auto data = std::make_shared<runtime::DeviceData>(type, s, std::move(buffers));
+  SetSlotValue(impl->slot(), ir::Value{ir::MakeDataNode(data), 0});
+}
+
+}  // namespace spmd::aten

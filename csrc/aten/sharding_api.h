@@ -1,0 +1,40 @@
+// Sharding annotations on spmd tensors (the C++ side of xs.mark_sharding and friends).
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "sharding/sharding.h"
+
+namespace spmd::aten {
+
+// Interned meshes: equal meshes share one object, so shardings compare cheaply.
+MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
+                   std::vector<std::string> axis_names);
+
+// Annotates `t` in place. Device data is laid out over the devices now (each device then holds
+// only its shard); a pending value gets a sharding constraint node. Re-annotating device data
+// with a different non-replicated sharding raises, as in PyTorch/XLA.
+void MarkSharding(const at::Tensor& t, const Sharding& sharding);
+// Removes the annotation: device data is gathered back to replicated; a pending constraint is
+// dropped.
+void ClearSharding(const at::Tensor& t);
+// The layout of `t`: its data's sharding, or its pending constraint's. Invalid when none.
+Sharding GetSharding(const at::Tensor& t);
+// XLA text form, "" when `t` has no sharding.
+std::string GetShardingSpec(const at::Tensor& t);
+
+struct LocalShard {
+  int64_t device;
+  at::Tensor data;                 // padded shard, a host copy
+  std::vector<int64_t> offsets;    // per dim, clamped to the tensor shape
+  std::vector<int64_t> lengths;    // unpadded
+  int64_t replica_id;
+};
+// One shard per device, materializing `t` first.
+std::vector<LocalShard> GetLocalShards(const at::Tensor& t);
+// Replaces `t`'s data with per-device shards (padded shapes) in its current sharding.
+void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards);
+
+}  // namespace spmd::aten

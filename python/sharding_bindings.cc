@@ -1,0 +1,53 @@
+// Bindings for sharding annotations (used by torch_spmd.distributed.spmd).
+#include "aten/sharding_api.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace spmd {
+
+namespace {
+Sharding MakeSharding(const std::vector<int64_t>& device_ids, const std::vector<int64_t>& mesh_shape,
+                      const std::vector<std::string>& axis_names,
+                      const std::vector<std::vector<int>>& dim_axes) {
+  MeshPtr mesh = aten::InternMesh(device_ids, mesh_shape, axis_names);
+  return Sharding::Tiled(mesh, dim_axes);
+}
+}  // namespace
+
+void BindSharding(py::module_& m) {
+  m.def(
+      "_mark_sharding",
+      [](const at::Tensor& t, const std::vector<int64_t>& device_ids,
+         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
+         const std::vector<std::vector<int>>& dim_axes) {
+        aten::MarkSharding(t, MakeSharding(device_ids, mesh_shape, axis_names, dim_axes));
+      },
+      py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
+      py::arg("dim_axes"),
+      "Annotates an spmd tensor in place: dim_axes[d] lists the mesh axes tiling dim d.");
+  m.def(
+      "_sharding_spec_for",
+      [](const std::vector<int64_t>& device_ids, const std::vector<int64_t>& mesh_shape,
+         const std::vector<std::string>& axis_names,
+         const std::vector<std::vector<int>>& dim_axes) {
+        return MakeSharding(device_ids, mesh_shape, axis_names, dim_axes).ToString();
+      },
+      "The XLA text form of a sharding, without a tensor.");
+  m.def("_clear_sharding", &aten::ClearSharding);
+  m.def("_get_sharding_spec", &aten::GetShardingSpec);
+  m.def("_get_sharding_specs", [](const std::vector<at::Tensor>& ts) {
+    std::vector<std::string> out;
+    for (const at::Tensor& t : ts) out.push_back(aten::GetShardingSpec(t));
+    return out;
+  });
+  m.def("_local_shards", [](const at::Tensor& t) {
+    py::list out;
+    for (const aten::LocalShard& s : aten::GetLocalShards(t))
+      out.append(py::make_tuple(s.device, s.data, s.offsets, s.lengths, s.replica_id));
+    return out;
+  });
+  m.def("_load_local_shards", &aten::LoadLocalShards);
+}
+
+}  // namespace spmd

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds torch_spmd and runs every test: the C++ GoogleTest suite (ctest) and the Python suite
+# (pytest). Extra arguments go to pytest, e.g. scripts/test.sh -k sharding
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/build.sh
+BUILD_DIR=${BUILD_DIR:-build}
+(cd "$BUILD_DIR" && ctest --output-on-failure)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+/usr/bin/python3 -m pytest -q test/python "$@"

@@ -1,0 +1,31 @@
+"""Inspection tools: metrics, the pending graph, the partitioned program, step statistics."""
+from typing import Iterable
+
+import torch
+
+from .. import _C
+from . import metrics  # noqa: F401
+
+
+def _as_list(tensors) -> list:
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    return list(tensors)
+
+
+def graph_text(tensors: Iterable[torch.Tensor]) -> str:
+    """The pending IR that computes ``tensors``, one node per line (nothing is executed)."""
+    return _C._graph_text(_as_list(tensors))
+
+
+def partitioned_program(tensors: Iterable[torch.Tensor]) -> str:
+    """The per-device program that would compute ``tensors``: local ops with local shapes and
+    shardings, and every collective with its kind, mesh axes, group size and bytes."""
+    return _C._partitioned_program(_as_list(tensors))
+
+
+def last_step_stats() -> dict:
+    """Statistics of the most recently executed graph: ``collectives`` (list of dicts with
+    kind, axes, group_size, bytes), ``peak_bytes_per_device``, ``flops_per_device`` and
+    ``replicated_fallback_ops`` (op name -> count)."""
+    return _C._last_step_stats()
