@@ -9,6 +9,7 @@ import torch
 from . import _C  # noqa: F401  (registers the backend with the dispatcher)
 from ._device import device, is_spmd_tensor, sync
 from . import _patches
+from . import debug  # noqa: F401
 
 _C._init()
 _patches.install()

@@ -29,7 +29,7 @@ std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   }
   Count("UncachedCompile");
   ScopedTimer timer("CompileTime");
-  auto exe = std::make_shared<runtime::Executable>(partition::PartitionGraph(graph));
+  auto exe = std::make_shared<runtime::Executable>(partition::PartitionGraph(graph, runtime::DeviceSet::Get().num_devices()));
   cache.Insert(graph.key, exe);
   return exe;
 }
@@ -111,7 +111,7 @@ std::string PendingGraphText(const std::vector<at::Tensor>& tensors) {
 
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors))).ToText();
+  return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors)), runtime::DeviceSet::Get().num_devices()).ToText();
 }
 
 partition::ProgramStats LastStepStats() {

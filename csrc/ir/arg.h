@@ -39,6 +39,9 @@ struct Arg {
   // A scalar that the op receives as a Tensor argument: a Python number, which PyTorch passes
   // as a 0-dim "wrapped number" tensor (it has its own type-promotion rules).
   bool wrapped = false;
+  // For dynamic scalars in a compiled program: the index of the value in the graph's scalars
+  // (the partitioner copies and reorders ops, so position alone does not identify it).
+  int32_t slot = -1;
   int64_t i = 0;
   double d = 0;
   std::vector<int64_t> ints;

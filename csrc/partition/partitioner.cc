@@ -1,18 +1,181 @@
 #include "partition/partitioner.h"
 
+#include <unordered_map>
+
+#include "core/error.h"
+#include "ir/internal_ops.h"
+#include "partition/cost.h"
+#include "partition/factor_assignment.h"
+#include "partition/local_builder.h"
+#include "partition/propagate.h"
+
 namespace spmd::partition {
 
-// Until propagation and rules land, every value is replicated: the program is the graph
-// itself and parameters are gathered before it runs.
-Program PartitionGraph(const ir::Graph& graph) {
-  Program p;
-  p.nodes = graph.nodes;
-  p.params = graph.params;
-  p.param_shardings.resize(graph.params.size());
-  p.outputs = graph.outputs;
-  p.output_shardings.resize(graph.outputs.size());
-  for (const ir::Value& v : graph.outputs) p.output_global_types.push_back(v.type());
-  return p;
+namespace {
+
+// The mesh the graph's annotations live on: the first sharded parameter or constraint's.
+MeshPtr FindMesh(const ir::Graph& graph) {
+  const auto& ops = ir::InternalOps::Get();
+  for (const ir::NodePtr& n : graph.nodes) {
+    if (n->is_data() && n->data()->sharding().valid()) return n->data()->sharding().mesh_ptr();
+    if (n->op() == ops.sharding_constraint) return n->shardings().at(0).mesh_ptr();
+  }
+  return nullptr;
+}
+
+class Partitioner {
+ public:
+  Partitioner(const ir::Graph& graph, MeshPtr mesh)
+      : graph_(graph), mesh_(mesh), prop_(graph, mesh), builder_(mesh) {
+    int32_t slot = 0;
+    for (const ir::NodePtr& n : graph.nodes) {
+      scalar_base_[n.get()] = slot;
+      for (const ir::Arg& a : n->args()) slot += a.dynamic ? 1 : 0;
+    }
+  }
+
+  Program Run() {
+    Program program;
+    const auto& ops = ir::InternalOps::Get();
+    for (const ir::NodePtr& n : graph_.nodes) {
+      if (n->is_data()) {
+        locals_[n.get()] = {Parameter(*n, program)};
+      } else if (n->op() == ops.sharding_constraint) {
+        locals_[n.get()] = {Reshard(builder_, Local(n->input(0)), n->shardings().at(0))};
+      } else {
+        LowerNode(*n);
+      }
+    }
+    for (const ir::Value& out : graph_.outputs) {
+      const LocalValue& v = Local(out);
+      program.outputs.push_back(v.value);
+      program.output_shardings.push_back(v.layout);
+      program.output_global_types.push_back(out.type());
+    }
+    program.nodes = std::move(builder_.nodes());
+    program.stats.collectives = std::move(builder_.collectives());
+    program.stats.replicated_fallback_ops = std::move(fallbacks_);
+    for (const ir::NodePtr& n : program.nodes) program.stats.flops_per_device += LocalOpFlops(*n);
+    program.stats.peak_bytes_per_device = PeakBytesPerDevice(program);
+    return program;
+  }
+
+ private:
+  const LocalValue& Local(const ir::Value& v) const { return locals_.at(v.node.get()).at(v.index); }
+
+  Sharding Layout(const Sharding& s, int64_t rank) const {
+    return s.valid() ? s : Sharding::Replicated(mesh_, rank);
+  }
+
+  // A placeholder node for a parameter: the device data arrives in the layout it has (data on
+  // another mesh is re-laid out on the host before the run).
+  LocalValue Parameter(const ir::Node& n, Program& program) {
+    const TensorType& global = n.output(0);
+    const Sharding& have = n.data()->sharding();
+    Sharding layout = have.valid() && have.mesh() == *mesh_ ? have
+                                                            : Sharding::Replicated(mesh_, global.rank());
+    TensorType local{global.dtype, LocalShape(global.shape, layout)};
+    ir::NodePtr param =
+        builder_.Emit(ir::InternalOps::Get().device_data, {}, {}, {local}, {layout});
+    program.params.push_back(param);
+    program.param_shardings.push_back(layout);
+    return LocalValue{ir::Value{param, 0}, layout, global};
+  }
+
+  void LowerNode(const ir::Node& n) {
+    const std::optional<ShardingRule>& rule = prop_.RuleOf(&n);
+    if (!rule) return LowerReplicated(n);
+    std::vector<const Sharding*> operand_s, result_s;
+    std::vector<TensorType> operand_t, result_t;
+    for (const ir::Value& in : n.inputs()) {
+      operand_s.push_back(&prop_.Get(in));
+      operand_t.push_back(in.type());
+    }
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      ir::Value v{graph_.nodes[graph_.PositionOf(&n)], o};
+      result_s.push_back(&prop_.Get(v));
+      result_t.push_back(n.output(o));
+    }
+    FactorAxes fa = AssignFactors(*rule, *mesh_, operand_s, operand_t, result_s, result_t);
+    if (rule->results_must_replicate) fa.assign(fa.size(), AxisList());
+
+    std::vector<LocalValue> operands;
+    for (size_t i = 0; i < n.inputs().size(); ++i) {
+      Sharding want = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->operands[i], fa));
+      LocalValue v = Reshard(builder_, Local(n.input(i)), want);
+      // Padding read by a sharded reduction must hold the reduction's identity.
+      for (size_t d = 0; d < rule->operands[i].size(); ++d)
+        for (int f : rule->operands[i][d])
+          if (rule->factors[f].kind == FactorKind::kReduction && !fa[f].empty())
+            v = MaskPadding(builder_, v, {static_cast<int>(d)}, rule->factors[f].pad_value);
+      operands.push_back(std::move(v));
+    }
+    std::vector<Sharding> result_layouts;
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      Sharding s = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->results[o], fa));
+      ReduceOp op = ReduceOp::kSum;
+      AxisList partial = PartialAxes(*rule, fa, o, &op);
+      result_layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
+    }
+    LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
+    std::vector<LocalValue> results;
+    if (rule->lower) {
+      results = rule->lower(lb, operands);
+    } else if (rule->local_args) {
+      std::vector<Shape> local_shapes;
+      for (int o = 0; o < n.num_outputs(); ++o)
+        local_shapes.push_back(LocalShape(n.output(o).shape, result_layouts[o]));
+      results = lb.EmitNodeOp(operands, lb.WithSlots(rule->local_args(n, local_shapes)));
+    } else {
+      results = lb.EmitNodeOp(operands);
+    }
+    SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
+               n.op()->qualified, " produced ", results.size(), " results");
+    locals_[&n] = std::move(results);
+  }
+
+  // No rule: gather every operand, run the op whole, and let consumers slice what they need.
+  void LowerReplicated(const ir::Node& n) {
+    bool gathered = false;
+    std::vector<LocalValue> operands;
+    for (const ir::Value& in : n.inputs()) {
+      const LocalValue& v = Local(in);
+      gathered |= v.layout.valid() && !v.layout.IsReplicated();
+      operands.push_back(Reshard(builder_, v, Sharding::Replicated(mesh_, in.type().rank())));
+    }
+    if (gathered) fallbacks_[n.op()->qualified] += 1;
+    std::vector<ir::Value> inputs;
+    for (const LocalValue& v : operands) inputs.push_back(v.value);
+    std::vector<Sharding> layouts;
+    for (int o = 0; o < n.num_outputs(); ++o)
+      layouts.push_back(Sharding::Replicated(mesh_, n.output(o).rank()));
+    ir::NodePtr local =
+        builder_.Emit(n.op(), inputs, WithScalarSlots(n.args(), scalar_base_.at(&n)), n.outputs(), layouts);
+    std::vector<LocalValue> results;
+    for (int o = 0; o < n.num_outputs(); ++o)
+      results.push_back(LocalValue{ir::Value{local, o}, layouts[o], n.output(o)});
+    locals_[&n] = std::move(results);
+  }
+
+  const ir::Graph& graph_;
+  MeshPtr mesh_;
+  Propagation prop_;
+  ProgramBuilder builder_;
+  std::unordered_map<const ir::Node*, std::vector<LocalValue>> locals_;
+  std::map<std::string, int64_t> fallbacks_;
+  std::unordered_map<const ir::Node*, int32_t> scalar_base_;  // first scalar slot of each node
+};
+
+}  // namespace
+
+Program PartitionGraph(const ir::Graph& graph, int64_t num_devices) {
+  MeshPtr mesh = FindMesh(graph);
+  if (!mesh) {
+    std::vector<int64_t> ids(num_devices);
+    for (int64_t i = 0; i < num_devices; ++i) ids[i] = i;
+    mesh = std::make_shared<const Mesh>(ids, std::vector<int64_t>{num_devices});
+  }
+  return Partitioner(graph, mesh).Run();
 }
 
 }  // namespace spmd::partition

@@ -96,7 +96,6 @@ void Executable::Lower() {
   for (const ir::NodePtr& p : program_.params) param_slots_.push_back(slot_of(ir::Value{p, 0}));
   for (const ir::Value& v : program_.outputs) output_slots_.push_back(slot_of(v));
 
-  int scalar_index = 0;
   const ir::OpInfo* data_op = ir::InternalOps::Get().device_data;
   for (const ir::NodePtr& n : program_.nodes) {
     if (n->op() == data_op) continue;
@@ -118,12 +117,12 @@ void Executable::Lower() {
         } else if (arg.kind == K::kTensorList || arg.kind == K::kOptTensorList) {
           ins.list_args.push_back({pos, arg.ints, arg.kind == K::kOptTensorList});
         } else if (arg.dynamic) {
-          ins.scalar_args.push_back({pos, scalar_index++, arg.wrapped});
+          SPMD_CHECK(arg.slot >= 0, "internal error: run-time scalar without a slot in ",
+                     n->op()->qualified);
+          ins.scalar_args.push_back({pos, arg.slot, arg.wrapped});
         }
         ins.stack.push_back(ConstantIValue(arg));
       }
-    } else {
-      for (const ir::Arg& arg : n->args()) scalar_index += arg.dynamic ? 1 : 0;
     }
     instructions_.push_back(std::move(ins));
   }

@@ -1,0 +1,185 @@
+#include "partition/factor_assignment.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace spmd::partition {
+
+namespace {
+
+bool IsTrivialFactorInCompound(const ShardingRule& rule, const DimFactors& dim, int f) {
+  return dim.size() > 1 && rule.factors[f].size == 1;
+}
+
+// Walks a dim's factors major to minor and returns how many of them keep their axes: a factor
+// after the first not-fully-sharded one cannot be sharded, and in a multi-factor dim every
+// sharded factor must be evenly divided by its axes.
+size_t UsableFactors(const ShardingRule& rule, const Mesh& mesh, const DimFactors& dim,
+                     const FactorAxes& factor_axes) {
+  if (dim.size() <= 1) return dim.size();
+  size_t k = 0;
+  for (; k < dim.size(); ++k) {
+    int f = dim[k];
+    if (IsTrivialFactorInCompound(rule, dim, f)) continue;
+    int64_t size = rule.factors[f].size;
+    int64_t tiles = AxesSize(mesh, factor_axes[f]);
+    if (size % tiles != 0) return k;  // uneven: this factor cannot be sharded here
+    if (tiles < size) return k + 1;   // later factors must stay unsharded
+  }
+  return k;
+}
+
+int64_t TensorBytes(const TensorType& t) { return std::max<int64_t>(t.bytes(), 1); }
+
+}  // namespace
+
+FactorAxes ProjectToFactors(const ShardingRule& rule, const TensorFactors& tensor,
+                            const Sharding& sharding) {
+  FactorAxes out(rule.factors.size());
+  if (!sharding.valid() || sharding.rank() != static_cast<int64_t>(tensor.size())) return out;
+  const Mesh& mesh = sharding.mesh();
+  for (size_t d = 0; d < tensor.size(); ++d) {
+    const DimFactors& dim = tensor[d];
+    const AxisList& axes = sharding.axes(d);
+    if (dim.empty() || axes.empty()) continue;
+    if (dim.size() == 1) {
+      out[dim[0]] = axes;
+      continue;
+    }
+    size_t pos = 0;
+    for (int f : dim) {
+      if (IsTrivialFactorInCompound(rule, dim, f)) continue;
+      int64_t size = rule.factors[f].size, prod = 1;
+      while (pos < axes.size()) {
+        int64_t next = prod * mesh.axis_size(axes[pos]);
+        if (next > size || size % next != 0) break;
+        out[f].push_back(axes[pos++]);
+        prod = next;
+      }
+      if (prod < size || pos >= axes.size()) break;
+    }
+  }
+  return out;
+}
+
+std::vector<AxisList> DimAxesFromFactors(const ShardingRule& rule, const Mesh& mesh,
+                                         const TensorFactors& tensor,
+                                         const FactorAxes& factor_axes) {
+  std::vector<AxisList> dims(tensor.size());
+  for (size_t d = 0; d < tensor.size(); ++d) {
+    const DimFactors& dim = tensor[d];
+    size_t usable = UsableFactors(rule, mesh, dim, factor_axes);
+    for (size_t k = 0; k < usable; ++k) {
+      const AxisList& a = factor_axes[dim[k]];
+      dims[d].insert(dims[d].end(), a.begin(), a.end());
+    }
+  }
+  return dims;
+}
+
+bool Representable(const ShardingRule& rule, const Mesh& mesh, const TensorFactors& tensor,
+                   const FactorAxes& factor_axes) {
+  for (const DimFactors& dim : tensor) {
+    size_t usable = UsableFactors(rule, mesh, dim, factor_axes);
+    for (size_t k = usable; k < dim.size(); ++k)
+      if (!factor_axes[dim[k]].empty()) return false;
+  }
+  return true;
+}
+
+FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
+                         const std::vector<const Sharding*>& operands,
+                         const std::vector<TensorType>& operand_types,
+                         const std::vector<const Sharding*>& results,
+                         const std::vector<TensorType>& result_types) {
+  const size_t num_factors = rule.factors.size();
+  struct Candidate {
+    AxisList axes;
+    int64_t bytes;
+  };
+  std::vector<std::vector<Candidate>> candidates(num_factors);
+  auto collect = [&](const TensorFactors& tf, const Sharding* s, const TensorType& type) {
+    if (!s || !s->valid()) return;
+    FactorAxes fa = ProjectToFactors(rule, tf, *s);
+    for (size_t f = 0; f < num_factors; ++f)
+      if (!fa[f].empty()) candidates[f].push_back({fa[f], TensorBytes(type)});
+  };
+  for (size_t i = 0; i < operands.size() && i < rule.operands.size(); ++i)
+    collect(rule.operands[i], operands[i], operand_types[i]);
+  for (size_t i = 0; i < results.size() && i < rule.results.size(); ++i)
+    collect(rule.results[i], results[i], result_types[i]);
+
+  // Larger tensors first (then longer axis lists): they keep their layout, smaller ones move.
+  for (auto& c : candidates)
+    std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.axes.size() > b.axes.size();
+    });
+  std::vector<int> order(num_factors);
+  std::iota(order.begin(), order.end(), 0);
+  auto best_bytes = [&](int f) { return candidates[f].empty() ? 0 : candidates[f][0].bytes; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return best_bytes(a) > best_bytes(b); });
+
+  FactorAxes assigned(num_factors);
+  std::vector<bool> used(mesh.num_axes(), false);
+  for (int f : order) {
+    if (rule.factors[f].kind == FactorKind::kNeedReplication) continue;
+    for (const Candidate& c : candidates[f]) {
+      // Take the longest prefix of the proposal whose axes are still free.
+      AxisList take;
+      for (int a : c.axes) {
+        if (used[a]) break;
+        take.push_back(a);
+      }
+      if (take.empty()) continue;
+      for (int a : take) used[a] = true;
+      assigned[f] = std::move(take);
+      break;
+    }
+  }
+
+  // Drop factor axes that some tensor of the op cannot carry (multi-factor dims).
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    auto check = [&](const TensorFactors& tf) {
+      for (const DimFactors& dim : tf) {
+        size_t usable = UsableFactors(rule, mesh, dim, assigned);
+        for (size_t k = usable; k < dim.size(); ++k)
+          if (!assigned[dim[k]].empty()) {
+            assigned[dim[k]].clear();
+            changed = true;
+          }
+      }
+    };
+    for (const TensorFactors& tf : rule.operands) check(tf);
+    for (const TensorFactors& tf : rule.results) check(tf);
+  }
+  return assigned;
+}
+
+AxisList PartialAxes(const ShardingRule& rule, const FactorAxes& factor_axes, int result,
+                     ReduceOp* op) {
+  std::vector<int> reduced;
+  if (result < static_cast<int>(rule.reduced_in_result.size()) &&
+      !rule.reduced_in_result[result].empty()) {
+    reduced = rule.reduced_in_result[result];
+  } else {
+    std::vector<bool> present(rule.factors.size(), false);
+    if (result < static_cast<int>(rule.results.size()))
+      for (const DimFactors& dim : rule.results[result])
+        for (int f : dim) present[f] = true;
+    for (size_t f = 0; f < rule.factors.size(); ++f)
+      if (rule.factors[f].kind == FactorKind::kReduction && !present[f]) reduced.push_back(f);
+  }
+  AxisList axes;
+  for (int f : reduced) {
+    if (factor_axes[f].empty()) continue;
+    axes.insert(axes.end(), factor_axes[f].begin(), factor_axes[f].end());
+    if (op) *op = rule.factors[f].reduce;
+  }
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
+}  // namespace spmd::partition

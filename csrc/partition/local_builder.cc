@@ -1,0 +1,70 @@
+#include "partition/local_builder.h"
+
+#include "core/error.h"
+
+namespace spmd::partition {
+
+ir::NodePtr ProgramBuilder::Emit(const ir::OpInfo* op, std::vector<ir::Value> inputs,
+                                 std::vector<ir::Arg> args, std::vector<TensorType> outputs,
+                                 std::vector<Sharding> layouts) {
+  ir::NodePtr node = ir::MakeNode(op, std::move(inputs), std::move(args), std::move(outputs));
+  node->set_shardings(std::move(layouts));
+  nodes_.push_back(node);
+  return node;
+}
+
+ir::Value ProgramBuilder::EmitInternal(const ir::OpInfo* op, const ir::Value& x,
+                                       std::vector<ir::Arg> attrs, const TensorType& out,
+                                       const Sharding& layout, const char* kind,
+                                       const AxisList& axes) {
+  std::vector<ir::Arg> args;
+  args.push_back(ir::Arg::Tensor(0));
+  for (auto& a : attrs) args.push_back(std::move(a));
+  ir::NodePtr node = Emit(op, {x}, std::move(args), {out}, {layout});
+  if (kind) {
+    CollectiveStat stat;
+    stat.kind = kind;
+    for (int a : axes) stat.axes.push_back(mesh_->AxisLabel(a));
+    stat.group_size = AxesSize(*mesh_, axes);
+    stat.bytes = x.type().bytes();
+    collectives_.push_back(std::move(stat));
+  }
+  return ir::Value{node, 0};
+}
+
+std::vector<ir::Arg> WithScalarSlots(std::vector<ir::Arg> args, int32_t first_slot) {
+  int32_t slot = first_slot;
+  for (ir::Arg& a : args)
+    if (a.dynamic) a.slot = slot++;
+  return args;
+}
+
+std::vector<LocalValue> LocalBuilder::EmitNodeOp(const std::vector<LocalValue>& operands,
+                                                 std::vector<ir::Arg> args) {
+  std::vector<ir::Value> inputs;
+  for (const LocalValue& v : operands) inputs.push_back(v.value);
+  std::vector<TensorType> outs;
+  for (int o = 0; o < node_.num_outputs(); ++o) {
+    const TensorType& g = node_.output(o);
+    outs.push_back(g.dtype == DType::kUndefined
+                       ? g
+                       : TensorType{g.dtype, LocalShape(g.shape, result_layouts_.at(o))});
+  }
+  ir::NodePtr n = program_.Emit(node_.op(), std::move(inputs), std::move(args), outs,
+                                result_layouts_);
+  std::vector<LocalValue> results;
+  for (int o = 0; o < node_.num_outputs(); ++o)
+    results.push_back(LocalValue{ir::Value{n, o}, result_layouts_[o], node_.output(o)});
+  return results;
+}
+
+LocalValue LocalBuilder::EmitOp(const char* qualified, const std::vector<ir::ArgSchema>& schema,
+                                std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
+                                const TensorType& local_out, const Sharding& layout,
+                                const TensorType& global) {
+  const ir::OpInfo* op = ir::InternOp(qualified, schema, 1);
+  ir::NodePtr n = program_.Emit(op, std::move(inputs), std::move(args), {local_out}, {layout});
+  return LocalValue{ir::Value{n, 0}, layout, global};
+}
+
+}  // namespace spmd::partition

@@ -1,0 +1,103 @@
+// Building the per-device program: values with their global layout, local ops, collectives.
+#pragma once
+#include <map>
+#include <vector>
+
+#include "partition/program.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+// A global value as it exists in the per-device program: the local buffer's value, and how the
+// global tensor is laid out (tiling per dim, plus pending partial-sum axes).
+struct LocalValue {
+  ir::Value value;
+  Sharding layout;
+  TensorType global;
+
+  Shape local_shape() const { return value.type().shape; }
+};
+
+// Appends nodes to the program and records collectives for the statistics.
+class ProgramBuilder {
+ public:
+  explicit ProgramBuilder(MeshPtr mesh) : mesh_(std::move(mesh)) {}
+
+  const MeshPtr& mesh() const { return mesh_; }
+  // A local op; `layouts` (one per output) is kept on the node for program dumps.
+  ir::NodePtr Emit(const ir::OpInfo* op, std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
+                   std::vector<TensorType> outputs, std::vector<Sharding> layouts);
+  // A collective or device-dependent helper from internal_ops.h on `x`; `layout` is the
+  // result's global layout. Records the collective (kind, axes, group size, bytes).
+  ir::Value EmitInternal(const ir::OpInfo* op, const ir::Value& x, std::vector<ir::Arg> attrs,
+                         const TensorType& out, const Sharding& layout, const char* kind,
+                         const AxisList& axes);
+  std::vector<ir::NodePtr>& nodes() { return nodes_; }
+  std::vector<CollectiveStat>& collectives() { return collectives_; }
+
+ private:
+  MeshPtr mesh_;
+  std::vector<ir::NodePtr> nodes_;
+  std::vector<CollectiveStat> collectives_;
+};
+
+// Moves a value into another layout with the collectives it takes (see reshard.cc).
+LocalValue Reshard(ProgramBuilder& b, const LocalValue& v, const Sharding& target);
+
+// The padded local shape of `global` under `layout`.
+Shape LocalShape(const Shape& global, const Sharding& layout);
+
+// Writes `value` into the padding of v's dims made of sharded factors of an uneven extent.
+LocalValue MaskPadding(ProgramBuilder& b, const LocalValue& v, const std::vector<int>& dims,
+                       double value);
+
+// `args` with each dynamic scalar given its slot: `first_slot` plus its rank among the dynamic
+// args (the graph numbers run-time scalars node by node, arg by arg).
+std::vector<ir::Arg> WithScalarSlots(std::vector<ir::Arg> args, int32_t first_slot);
+
+// Lowering context for one node (what a rule's `lower` function sees).
+class LocalBuilder {
+ public:
+  LocalBuilder(ProgramBuilder& program, const ir::Node& node, const ShardingRule& rule,
+               std::vector<AxisList> factor_axes, std::vector<Sharding> result_layouts,
+               int32_t first_scalar_slot)
+      : program_(program), node_(node), rule_(rule), factor_axes_(std::move(factor_axes)),
+        result_layouts_(std::move(result_layouts)), first_scalar_slot_(first_scalar_slot) {}
+
+  ProgramBuilder& program() { return program_; }
+  const ir::Node& node() const { return node_; }
+  const ShardingRule& rule() const { return rule_; }
+  const std::vector<AxisList>& factor_axes() const { return factor_axes_; }
+  const Sharding& result_layout(int i) const { return result_layouts_.at(i); }
+  const Mesh& mesh() const { return *program_.mesh(); }
+
+  // The node's op on local operands, with `args` (default: the node's own args) and local
+  // result shapes from the result layouts.
+  std::vector<LocalValue> EmitNodeOp(const std::vector<LocalValue>& operands,
+                                     std::vector<ir::Arg> args);
+  std::vector<LocalValue> EmitNodeOp(const std::vector<LocalValue>& operands) {
+    return EmitNodeOp(operands, WithSlots(node_.args()));
+  }
+  // The node's args (or a rewrite of them, same positions) with run-time scalar slots set.
+  std::vector<ir::Arg> WithSlots(std::vector<ir::Arg> args) const {
+    return WithScalarSlots(std::move(args), first_scalar_slot_);
+  }
+  // One of the node's args, with its run-time scalar slot set.
+  ir::Arg node_arg(int index) const { return WithSlots(node_.args()).at(index); }
+  // An ATen op by qualified name on local values (for multi-op lowerings).
+  LocalValue EmitOp(const char* qualified, const std::vector<ir::ArgSchema>& schema,
+                    std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
+                    const TensorType& local_out, const Sharding& layout, const TensorType& global);
+  // Resolves pending partial sums (all-reduce), keeping the tiling.
+  LocalValue Resolve(const LocalValue& v) { return Reshard(program_, v, v.layout.WithoutPartial()); }
+
+ private:
+  ProgramBuilder& program_;
+  const ir::Node& node_;
+  const ShardingRule& rule_;
+  std::vector<AxisList> factor_axes_;
+  std::vector<Sharding> result_layouts_;
+  int32_t first_scalar_slot_;
+};
+
+}  // namespace spmd::partition

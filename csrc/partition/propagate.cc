@@ -1,0 +1,112 @@
+#include "partition/propagate.h"
+
+#include "ir/internal_ops.h"
+#include "partition/factor_assignment.h"
+
+namespace spmd::partition {
+
+namespace {
+constexpr int kMaxIterations = 16;
+
+bool HasAnyAxis(const Sharding& s) {
+  for (const AxisList& a : s.dim_axes())
+    if (!a.empty()) return true;
+  return false;
+}
+}  // namespace
+
+bool IsRefinement(const Sharding& current, const Sharding& next) {
+  if (!current.valid()) return true;
+  if (current.rank() != next.rank() || current.mesh() != next.mesh()) return false;
+  for (int64_t d = 0; d < current.rank(); ++d) {
+    const AxisList& a = current.axes(d);
+    const AxisList& b = next.axes(d);
+    if (b.size() < a.size() || !std::equal(a.begin(), a.end(), b.begin())) return false;
+  }
+  return true;
+}
+
+Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh)
+    : graph_(graph), mesh_(std::move(mesh)) {
+  const auto& ops = ir::InternalOps::Get();
+  int total = 0;
+  for (const ir::NodePtr& n : graph.nodes) {
+    first_value_.push_back(total);
+    total += n->num_outputs();
+  }
+  shardings_.resize(total);
+  frozen_.assign(total, false);
+  rules_.resize(graph.nodes.size());
+  for (size_t p = 0; p < graph.nodes.size(); ++p) {
+    const ir::Node& n = *graph.nodes[p];
+    int v = first_value_[p];
+    if (n.is_data()) {
+      const Sharding& s = n.data()->sharding();
+      shardings_[v] = s.valid() && s.mesh() == *mesh_ ? s : Sharding::Replicated(mesh_, n.output(0).rank());
+      frozen_[v] = true;
+    } else if (n.op() == ops.sharding_constraint) {
+      shardings_[v] = n.shardings().at(0);
+      frozen_[v] = true;
+      // A constraint is an identity: its operand may take its layout.
+      ShardingRule identity;
+      TensorFactors tf = PassThroughFactors(identity, n.output(0));
+      identity.operands = {tf};
+      identity.results = {tf};
+      rules_[p] = std::move(identity);
+    } else {
+      rules_[p] = GetRule(n);
+    }
+  }
+  // Forward then backward sweeps until a fixed point.
+  bool changed = true;
+  while (changed && iterations_ < kMaxIterations) {
+    changed = false;
+    ++iterations_;
+    for (size_t p = 0; p < graph.nodes.size(); ++p) changed |= Visit(*graph.nodes[p]);
+    for (size_t p = graph.nodes.size(); p-- > 0;) changed |= Visit(*graph.nodes[p]);
+  }
+}
+
+int Propagation::Index(const ir::Value& v) const {
+  return first_value_[graph_.PositionOf(v.node.get())] + v.index;
+}
+
+bool Propagation::Visit(const ir::Node& node) {
+  int p = graph_.PositionOf(&node);
+  const std::optional<ShardingRule>& rule = rules_[p];
+  if (!rule) return false;
+  std::vector<const Sharding*> operands, results;
+  std::vector<TensorType> operand_types, result_types;
+  for (const ir::Value& in : node.inputs()) {
+    operands.push_back(&shardings_[Index(in)]);
+    operand_types.push_back(in.type());
+  }
+  for (int o = 0; o < node.num_outputs(); ++o) {
+    results.push_back(&shardings_[first_value_[p] + o]);
+    result_types.push_back(node.output(o));
+  }
+  FactorAxes fa = AssignFactors(*rule, *mesh_, operands, operand_types, results, result_types);
+  bool changed = false;
+  auto update = [&](int index, const TensorFactors& tf, const TensorType& type) {
+    if (frozen_[index] || type.dtype == DType::kUndefined) return;
+    Sharding next = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, tf, fa));
+    Sharding& cur = shardings_[index];
+    if (!cur.valid() && !HasAnyAxis(next)) return;
+    if (cur.valid() && (cur == next || !IsRefinement(cur, next))) return;
+    cur = std::move(next);
+    changed = true;
+  };
+  for (size_t i = 0; i < node.inputs().size() && i < rule->operands.size(); ++i)
+    update(Index(node.input(i)), rule->operands[i], node.input(i).type());
+  for (int o = 0; o < node.num_outputs() && o < static_cast<int>(rule->results.size()); ++o)
+    update(first_value_[p] + o, rule->results[o], node.output(o));
+  return changed;
+}
+
+const Sharding& Propagation::Get(const ir::Value& v) const { return shardings_[Index(v)]; }
+
+const std::optional<ShardingRule>& Propagation::RuleOf(const ir::Node* node) const {
+  return rules_[graph_.PositionOf(node)];
+}
+
+}  // namespace spmd::partition

@@ -1,0 +1,42 @@
+// Sharding propagation: from the user's annotations (device data layouts and sharding
+// constraints) to a sharding for every value, through the ops' factor rules, forward and
+// backward until nothing changes. User annotations are never overwritten; a value's sharding
+// is only ever refined (axes added), which guarantees termination; conflicts go to the larger
+// tensor (see AssignFactors).
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "ir/graph.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+class Propagation {
+ public:
+  Propagation(const ir::Graph& graph, MeshPtr mesh);
+
+  // The propagated sharding of a value (replicated when nothing reached it). Partial axes of
+  // device data are kept: they describe the data as it is.
+  const Sharding& Get(const ir::Value& v) const;
+  // The rule of a node (cached; nullopt when the op has none).
+  const std::optional<ShardingRule>& RuleOf(const ir::Node* node) const;
+  int iterations() const { return iterations_; }
+
+ private:
+  int Index(const ir::Value& v) const;
+  bool Visit(const ir::Node& node);  // returns whether any sharding changed
+
+  const ir::Graph& graph_;
+  MeshPtr mesh_;
+  std::vector<int> first_value_;            // node position -> index of its output 0
+  std::vector<Sharding> shardings_;         // per value; invalid = unknown
+  std::vector<bool> frozen_;                // per value: a user annotation or device data
+  std::vector<std::optional<ShardingRule>> rules_;  // per node position
+  int iterations_ = 0;
+};
+
+// Whether `next` only adds axes to `current` (each dim's axes extend the old ones).
+bool IsRefinement(const Sharding& current, const Sharding& next);
+
+}  // namespace spmd::partition

@@ -1,0 +1,194 @@
+// Resharding: the collective sequence that moves a value from its layout to another, in the
+// order GSPMD's reshard uses, cheapest first:
+//   1. pending partial sums: reduce-scatter onto a dim the target tiles with that axis next,
+//      all-reduce for the rest;
+//   2. an axis list moving from one dim to another (each dim tiled by it alone): all-to-all;
+//   3. axes leaving a dim: all-gather;
+//   4. axes joining a dim: a local slice of what the device already holds (no communication).
+// Uneven tilings only take the short paths when the tile boundaries line up; otherwise the dim
+// is gathered whole and re-sliced, which is always correct.
+#include <algorithm>
+
+#include "core/error.h"
+#include "ir/internal_ops.h"
+#include "partition/local_builder.h"
+
+namespace spmd::partition {
+
+namespace {
+
+using ir::Arg;
+
+const ir::InternalOps& Ops() { return ir::InternalOps::Get(); }
+
+Arg AxesArg(const AxisList& axes) { return Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end())); }
+
+bool StartsWith(const AxisList& a, const AxisList& prefix) {
+  return a.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), a.begin());
+}
+
+AxisList CommonPrefix(const AxisList& a, const AxisList& b) {
+  AxisList c;
+  for (size_t i = 0; i < a.size() && i < b.size() && a[i] == b[i]; ++i) c.push_back(a[i]);
+  return c;
+}
+
+// Extent of dim d that the device-local tile over `axes` is cut from, when the tiling is even:
+// the global size divided by the tiles of `axes`.
+int64_t EvenExtent(const LocalValue& v, int64_t d, const AxisList& axes, const Mesh& mesh,
+                   bool* even) {
+  int64_t k = AxesSize(mesh, axes);
+  int64_t size = v.global.shape[d];
+  *even = size % k == 0;
+  return size / k;
+}
+
+// Carries `v` to `layout` through one internal op.
+LocalValue Step(ProgramBuilder& b, const LocalValue& v, const ir::OpInfo* op, std::vector<Arg> attrs,
+                const Sharding& layout, const char* kind, const AxisList& axes) {
+  TensorType out{v.global.dtype, LocalShape(v.global.shape, layout)};
+  ir::Value r = b.EmitInternal(op, v.value, std::move(attrs), out, layout, kind, axes);
+  return LocalValue{r, layout, v.global};
+}
+
+LocalValue AllGather(ProgramBuilder& b, const LocalValue& v, int64_t d, const AxisList& axes,
+                     int64_t size, const AxisList& remaining) {
+  Sharding layout = v.layout.WithDimAxes(d, remaining);
+  return Step(b, v, Ops().all_gather, {Arg::Int(d), AxesArg(axes), Arg::Int(size)}, layout,
+              "all-gather", axes);
+}
+
+LocalValue ShardSlice(ProgramBuilder& b, const LocalValue& v, int64_t d, const AxisList& axes,
+                      int64_t size, const AxisList& result_axes) {
+  Sharding layout = v.layout.WithDimAxes(d, result_axes);
+  return Step(b, v, Ops().shard_slice, {Arg::Int(d), AxesArg(axes), Arg::Int(size)}, layout,
+              nullptr, axes);
+}
+
+LocalValue ResolvePartial(ProgramBuilder& b, LocalValue v, const Sharding& target) {
+  const Mesh& mesh = v.layout.mesh();
+  AxisList pending = v.layout.partial_axes();
+  ReduceOp op = v.layout.partial_op();
+  // Reduce-scatter where the target tiles a dim with partial axes next: each device keeps only
+  // the reduced tile it will hold anyway.
+  for (int64_t d = 0; d < v.global.rank() && !pending.empty(); ++d) {
+    const AxisList& have = v.layout.axes(d);
+    const AxisList& want = target.axes(d);
+    if (!StartsWith(want, have)) continue;
+    AxisList scatter;
+    for (size_t i = have.size(); i < want.size(); ++i) {
+      if (std::find(pending.begin(), pending.end(), want[i]) == pending.end()) break;
+      scatter.push_back(want[i]);
+    }
+    if (scatter.empty() || op != ReduceOp::kSum) continue;
+    bool even = true;
+    int64_t extent = have.empty() ? v.global.shape[d] : EvenExtent(v, d, have, mesh, &even);
+    if (!even) continue;
+    AxisList new_axes = have;
+    new_axes.insert(new_axes.end(), scatter.begin(), scatter.end());
+    AxisList still;
+    for (int a : pending)
+      if (std::find(scatter.begin(), scatter.end(), a) == scatter.end()) still.push_back(a);
+    Sharding layout = v.layout.WithDimAxes(d, new_axes).WithPartial(still, op);
+    v = Step(b, v, Ops().reduce_scatter,
+             {Arg::Int(d), AxesArg(scatter), Arg::Int(static_cast<int64_t>(op)), Arg::Int(extent)},
+             layout, "reduce-scatter", scatter);
+    pending = still;
+  }
+  if (!pending.empty()) {
+    v = Step(b, v, Ops().all_reduce, {AxesArg(pending), Arg::Int(static_cast<int64_t>(op))},
+             v.layout.WithoutPartial(), "all-reduce", pending);
+  }
+  return v;
+}
+
+// One all-to-all for an axis list that tiles dim `from` alone and must tile dim `to` alone.
+bool TryAllToAll(ProgramBuilder& b, LocalValue& v, const Sharding& target) {
+  for (int64_t from = 0; from < v.global.rank(); ++from) {
+    const AxisList& moving = v.layout.axes(from);
+    if (moving.empty() || !target.axes(from).empty()) continue;
+    for (int64_t to = 0; to < v.global.rank(); ++to) {
+      if (to == from || !v.layout.axes(to).empty() || target.axes(to) != moving) continue;
+      Sharding layout = v.layout.WithDimAxes(from, {}).WithDimAxes(to, moving);
+      v = Step(b, v, Ops().all_to_all,
+               {Arg::Int(to), Arg::Int(from), AxesArg(moving), Arg::Int(v.global.shape[to]),
+                Arg::Int(v.global.shape[from])},
+               layout, "all-to-all", moving);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Shape LocalShape(const Shape& global, const Sharding& layout) {
+  if (!layout.valid()) return global;
+  return layout.ShardShape(global);
+}
+
+LocalValue Reshard(ProgramBuilder& b, const LocalValue& input, const Sharding& target_in) {
+  const MeshPtr& mesh_ptr = b.mesh();
+  const Mesh& mesh = *mesh_ptr;
+  int64_t rank = input.global.rank();
+  Sharding target = target_in.valid() ? target_in : Sharding::Replicated(mesh_ptr, rank);
+  LocalValue v = input;
+  if (!v.layout.valid()) v.layout = Sharding::Replicated(mesh_ptr, rank);
+  SPMD_CHECK(v.layout.mesh() == mesh && target.mesh() == mesh,
+             "internal error: resharding between different meshes");
+  SPMD_CHECK(!target.IsPartial(), "internal error: a reshard target cannot be partial");
+  if (v.layout == target) return v;
+
+  if (v.layout.IsPartial()) v = ResolvePartial(b, v, target);
+  while (v.layout != target && TryAllToAll(b, v, target)) {
+  }
+
+  // Axes leaving a dim.
+  for (int64_t d = 0; d < rank; ++d) {
+    const AxisList have = v.layout.axes(d);
+    AxisList keep = CommonPrefix(have, target.axes(d));
+    if (keep.size() == have.size()) continue;
+    AxisList drop(have.begin() + keep.size(), have.end());
+    bool even = true;
+    int64_t extent = keep.empty() ? v.global.shape[d] : EvenExtent(v, d, keep, mesh, &even);
+    bool aligned = even && v.global.shape[d] % AxesSize(mesh, have) == 0;
+    if (keep.empty() || aligned) {
+      v = AllGather(b, v, d, drop, extent, keep);
+    } else {
+      v = AllGather(b, v, d, have, v.global.shape[d], {});
+    }
+  }
+  // Axes joining a dim: slice locally.
+  for (int64_t d = 0; d < rank; ++d) {
+    const AxisList have = v.layout.axes(d);
+    const AxisList& want = target.axes(d);
+    if (have == want) continue;
+    AxisList extra(want.begin() + have.size(), want.end());
+    bool even = true;
+    int64_t extent = have.empty() ? v.global.shape[d] : EvenExtent(v, d, have, mesh, &even);
+    if (have.empty() || even) {
+      v = ShardSlice(b, v, d, extra, extent, want);
+    } else {
+      v = AllGather(b, v, d, have, v.global.shape[d], {});
+      v = ShardSlice(b, v, d, want, v.global.shape[d], want);
+    }
+  }
+  SPMD_CHECK(v.layout == target, "internal error: reshard reached ", v.layout.ToNamedString(),
+             " instead of ", target.ToNamedString());
+  return v;
+}
+
+LocalValue MaskPadding(ProgramBuilder& b, const LocalValue& input, const std::vector<int>& dims,
+                       double value) {
+  LocalValue v = input;
+  for (int d : dims) {
+    const AxisList& axes = v.layout.axes(d);
+    if (axes.empty() || v.global.shape[d] % AxesSize(v.layout.mesh(), axes) == 0) continue;
+    v = Step(b, v, Ops().mask_pad,
+             {Arg::Int(d), AxesArg(axes), Arg::Int(v.global.shape[d]), Arg::Double(value)},
+             v.layout, nullptr, axes);
+  }
+  return v;
+}
+
+}  // namespace spmd::partition

@@ -1,0 +1,10 @@
+// Every rule family registers here (called once, before the first rule lookup).
+#pragma once
+
+namespace spmd::partition {
+void RegisterPointwiseRules();
+void RegisterReductionRules();
+void RegisterMatmulRules();
+void RegisterViewRules();
+void RegisterAllRules();  // calls all of the above once
+}  // namespace spmd::partition

@@ -1,0 +1,81 @@
+// The matmul family. mm: [i,k],[k,j] -> [i,j] with k a reduction (sharding it leaves partial
+// sums; its padding is zeroed on both sides, since NaN garbage on one side cannot be masked
+// by zeros on the other). bmm adds a batch factor. addmm/baddbmm broadcast their bias onto the
+// result; with a sharded contraction the bias is added after the partial sums are reduced, so
+// it is counted once.
+#include "partition/local_builder.h"
+#include "partition/rules/all_rules.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+// [batch..., i, k] x [batch..., k, j] -> [batch..., i, j], for operands `lhs` and `rhs`
+// (positions among the node inputs); `bias` (or -1) broadcasts onto the result.
+std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, int bias) {
+  const TensorType& a = node.input(lhs).type();
+  const TensorType& b = node.input(rhs).type();
+  const TensorType& out = node.output(0);
+  if (a.rank() < 2 || a.rank() != b.rank() || out.rank() != a.rank()) return std::nullopt;
+  ShardingRule rule;
+  TensorFactors fa, fb, fo;
+  for (int64_t d = 0; d + 2 < a.rank(); ++d) {
+    int batch = rule.AddFactor(a.shape[d]);
+    fa.push_back({batch});
+    fb.push_back({batch});
+    fo.push_back({batch});
+  }
+  int i = rule.AddFactor(a.shape[a.rank() - 2]);
+  int k = rule.AddFactor(a.shape.back(), FactorKind::kReduction);
+  int j = rule.AddFactor(b.shape.back());
+  fa.insert(fa.end(), {{i}, {k}});
+  fb.insert(fb.end(), {{k}, {j}});
+  fo.insert(fo.end(), {{i}, {j}});
+  rule.operands.resize(node.inputs().size());
+  rule.operands[lhs] = fa;
+  rule.operands[rhs] = fb;
+  if (bias >= 0) rule.operands[bias] = BroadcastFactors(node.input(bias).type(), out, fo);
+  rule.results = {fo};
+  if (bias < 0) return rule;
+
+  // addmm(bias, m1, m2, beta, alpha) = beta*bias + alpha*(m1 @ m2)
+  rule.lower = [lhs, rhs, bias, k](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    if (b.factor_axes()[k].empty()) return b.EmitNodeOp(ops);
+    const ir::Node& n = b.node();
+    bool batched = n.output(0).rank() == 3;
+    const char* mm = batched ? "aten::bmm" : "aten::mm";
+    std::vector<ir::ArgSchema> mm_schema = {{"self", ir::ArgType::kTensor}, {"mat2", ir::ArgType::kTensor}};
+    const Sharding& layout = b.result_layout(0);
+    TensorType local{n.output(0).dtype, LocalShape(n.output(0).shape, layout)};
+    LocalValue prod = b.EmitOp(mm, mm_schema, {ops[lhs].value, ops[rhs].value},
+                               {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, local, layout, n.output(0));
+    LocalValue full = b.Resolve(prod);
+    // add(bias, full, alpha): bias scaled by beta first when beta != 1.
+    ir::Value bias_v = ops[bias].value;
+    const ir::Arg beta = b.node_arg(3);
+    if (beta.is_scalar() && beta.ScalarValue() != 1.0) {
+      bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+                        {bias_v}, {ir::Arg::Tensor(0), beta}, bias_v.type(), ops[bias].layout,
+                        ops[bias].global).value;
+    }
+    LocalValue out = b.EmitOp(
+        "aten::add.Tensor",
+        {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}, {"alpha", ir::ArgType::kScalar}},
+        {bias_v, full.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1), b.node_arg(4)}, full.value.type(),
+        full.layout, n.output(0));
+    return std::vector<LocalValue>{out};
+  };
+  return rule;
+}
+
+}  // namespace
+
+void RegisterMatmulRules() {
+  RegisterRules({"aten::mm", "aten::bmm"},
+                [](const ir::Node& n) { return Contraction(n, 0, 1, -1); });
+  RegisterRules({"aten::addmm", "aten::baddbmm"},
+                [](const ir::Node& n) { return Contraction(n, 1, 2, 0); });
+}
+
+}  // namespace spmd::partition

@@ -1,0 +1,92 @@
+// Elementwise ops: one pass-through factor per result dim; operands broadcast onto them (a
+// size-1 dim facing a larger result dim has no factor, so it stays replicated). Also factories
+// and *_like ops, whose size argument becomes the local shape.
+#include "partition/rules/all_rules.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+std::optional<ShardingRule> Pointwise(const ir::Node& node) {
+  ShardingRule rule;
+  const TensorType& out = node.output(0);
+  TensorFactors result = PassThroughFactors(rule, out);
+  for (int o = 0; o < node.num_outputs(); ++o) {
+    const TensorType& t = node.output(o);
+    // Extra results (dropout's mask, ...) share the factors when they have the same shape.
+    rule.results.push_back(t.shape == out.shape ? result : BroadcastFactors(t, out, result));
+  }
+  for (const ir::Value& in : node.inputs())
+    rule.operands.push_back(BroadcastFactors(in.type(), out, result));
+  return rule;
+}
+
+// Factories and new_* ops: the output's dims are pass-through factors; the `size` argument
+// (and `stride`, for empty_strided) are rewritten to the local shape.
+std::optional<ShardingRule> Factory(const ir::Node& node) {
+  int size_arg = ArgIndex(node, "size");
+  if (size_arg < 0) return std::nullopt;
+  ShardingRule rule;
+  TensorFactors result = PassThroughFactors(rule, node.output(0));
+  rule.results.push_back(result);
+  for (const ir::Value& in : node.inputs())
+    rule.operands.push_back(TensorFactors(in.type().rank()));  // new_*: self gives only options
+  int stride_arg = ArgIndex(node, "stride");
+  rule.local_args = [size_arg, stride_arg](const ir::Node& n, const std::vector<Shape>& local) {
+    std::vector<ir::Arg> args = n.args();
+    args[size_arg] = ir::Arg::IntList(local[0]);
+    if (stride_arg >= 0) {
+      std::vector<int64_t> stride(local[0].size(), 1);
+      for (int64_t d = static_cast<int64_t>(stride.size()) - 2; d >= 0; --d)
+        stride[d] = stride[d + 1] * std::max<int64_t>(local[0][d + 1], 1);
+      args[stride_arg] = ir::Arg::IntList(stride);
+    }
+    return args;
+  };
+  return rule;
+}
+
+}  // namespace
+
+void RegisterPointwiseRules() {
+  RegisterRules(
+      {// arithmetic and comparison
+       "aten::add", "aten::sub", "aten::mul", "aten::div", "aten::rsub", "aten::neg",
+       "aten::remainder", "aten::fmod", "aten::pow", "aten::maximum", "aten::minimum",
+       "aten::eq", "aten::ne", "aten::lt", "aten::le", "aten::gt", "aten::ge",
+       "aten::logical_and", "aten::logical_or", "aten::logical_xor", "aten::logical_not",
+       "aten::bitwise_and", "aten::bitwise_or", "aten::bitwise_xor", "aten::bitwise_not",
+       "aten::where", "aten::masked_fill", "aten::addcmul", "aten::addcdiv", "aten::lerp",
+       "aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::floor_divide",
+       // unary math
+       "aten::abs", "aten::sign", "aten::sgn", "aten::exp", "aten::exp2", "aten::expm1",
+       "aten::log", "aten::log2", "aten::log10", "aten::log1p", "aten::sqrt", "aten::rsqrt",
+       "aten::reciprocal", "aten::sin", "aten::cos", "aten::tan", "aten::asin", "aten::acos",
+       "aten::atan", "aten::sinh", "aten::cosh", "aten::tanh", "aten::erf", "aten::erfc",
+       "aten::erfinv", "aten::floor", "aten::ceil", "aten::round", "aten::trunc", "aten::frac",
+       "aten::isnan", "aten::isinf", "aten::nan_to_num", "aten::square", "aten::atan2",
+       "aten::hypot", "aten::xlogy", "aten::sigmoid", "aten::logit",
+       // activations and their backward
+       "aten::relu", "aten::gelu", "aten::gelu_backward", "aten::silu", "aten::silu_backward",
+       "aten::threshold", "aten::threshold_backward", "aten::sigmoid_backward",
+       "aten::tanh_backward", "aten::leaky_relu", "aten::leaky_relu_backward",
+       "aten::hardtanh", "aten::hardtanh_backward", "aten::elu", "aten::elu_backward",
+       "aten::softplus", "aten::softplus_backward", "aten::hardsigmoid",
+       "aten::hardsigmoid_backward", "aten::hardswish", "aten::hardswish_backward",
+       "aten::mish", "aten::mish_backward", "aten::log_sigmoid_forward",
+       "aten::log_sigmoid_backward", "aten::prelu",
+       // casts, copies, *_like, dropout
+       "aten::_to_copy", "aten::clone", "aten::copy", "aten::copy_", "aten::fill",
+       "aten::zero", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+       "aten::empty_like", "aten::rand_like", "aten::randn_like", "aten::bernoulli",
+       "aten::native_dropout", "aten::native_dropout_backward", "aten::alias_copy",
+       "aten::detach_copy", "aten::lift_fresh_copy", "aten::max.other", "aten::min.other"},
+      Pointwise);
+  RegisterRules({"aten::zeros", "aten::ones", "aten::full", "aten::empty", "aten::empty_strided",
+                 "aten::rand", "aten::randn", "aten::new_zeros", "aten::new_ones",
+                 "aten::new_full", "aten::new_empty", "aten::new_empty_strided"},
+                Factory);
+}
+
+}  // namespace spmd::partition

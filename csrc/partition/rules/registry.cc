@@ -1,0 +1,105 @@
+#include <mutex>
+#include <unordered_map>
+
+#include "partition/rules/all_rules.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<std::string, RuleBuilder> rules;
+};
+Registry& GetRegistry() {
+  static auto* r = new Registry();
+  return *r;
+}
+}  // namespace
+
+void RegisterRule(const std::string& op_name, RuleBuilder builder) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.rules[op_name] = std::move(builder);
+}
+
+void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& builder) {
+  for (const auto& name : op_names) RegisterRule(name, builder);
+}
+
+namespace {
+const RuleBuilder* FindBuilder(const ir::OpInfo& op) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.rules.find(op.qualified);
+  if (it == r.rules.end()) it = r.rules.find(op.name);
+  return it == r.rules.end() ? nullptr : &it->second;
+}
+}  // namespace
+
+void RegisterAllRules() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    RegisterPointwiseRules();
+    RegisterReductionRules();
+    RegisterMatmulRules();
+    RegisterViewRules();
+  });
+}
+
+std::optional<ShardingRule> GetRule(const ir::Node& node) {
+  RegisterAllRules();
+  const RuleBuilder* builder = FindBuilder(*node.op());
+  if (!builder) return std::nullopt;
+  return (*builder)(node);
+}
+
+bool HasRuleFor(const std::string& qualified_name) {
+  RegisterAllRules();
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.rules.count(qualified_name)) return true;
+  return r.rules.count(qualified_name.substr(0, qualified_name.find('.'))) > 0;
+}
+
+TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type) {
+  TensorFactors tf;
+  for (int64_t size : type.shape) tf.push_back({rule.AddFactor(size)});
+  return tf;
+}
+
+TensorFactors BroadcastFactors(const TensorType& type, const TensorType& result,
+                               const TensorFactors& result_factors) {
+  TensorFactors tf(type.shape.size());
+  int64_t offset = result.rank() - type.rank();
+  for (int64_t d = 0; d < type.rank(); ++d) {
+    int64_t rd = d + offset;
+    if (rd < 0) continue;
+    if (type.shape[d] == result.shape[rd]) tf[d] = result_factors[rd];
+  }
+  return tf;
+}
+
+std::vector<int64_t> IntListArg(const ir::Node& node, int index) {
+  if (index < 0 || index >= static_cast<int>(node.args().size())) return {};
+  const ir::Arg& a = node.arg(index);
+  if (a.kind == ir::Arg::Kind::kIntList) return a.ints;
+  if (a.kind == ir::Arg::Kind::kInt) return {a.i};
+  return {};
+}
+
+int64_t IntArg(const ir::Node& node, int index, int64_t default_value) {
+  if (index < 0 || index >= static_cast<int>(node.args().size())) return default_value;
+  const ir::Arg& a = node.arg(index);
+  return a.kind == ir::Arg::Kind::kInt || a.kind == ir::Arg::Kind::kScalarInt ? a.i : default_value;
+}
+
+bool BoolArg(const ir::Node& node, int index, bool default_value) {
+  if (index < 0 || index >= static_cast<int>(node.args().size())) return default_value;
+  const ir::Arg& a = node.arg(index);
+  return a.kind == ir::Arg::Kind::kBool ? a.i != 0 : default_value;
+}
+
+int ArgIndex(const ir::Node& node, const char* name) { return node.op()->ArgIndex(name); }
+
+}  // namespace spmd::partition

@@ -1,0 +1,94 @@
+// Sharding rules in Shardy's factor form: an op's iteration space is a set of factors (loop
+// indices); every operand and result dim is made of one factor (or several, major to minor, for
+// reshapes) or of none (a dim that must be replicated, e.g. a broadcast dim of size 1).
+//
+//   mm:            [i,k], [k,j] -> [i,j]        k is a reduction factor
+//   sum(dim=1):    [i,j] -> [i]                 j is a reduction factor
+//   _softmax(d=1): [i,j] -> [i,j]               j needs replication
+//   view [2,4,32] -> [8,32]: [i],[j],[k] -> [i j],[k]   (compound dim)
+//
+// Sharding a pass-through factor over mesh axes shards every dim made of it, with no
+// communication. Sharding a reduction factor leaves the results partial (pending a reduction
+// over those axes). A need-replication factor is never sharded. Propagation, partitioning and
+// cost estimates all read these rules: op semantics are written once, here.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/node.h"
+#include "sharding/sharding.h"
+
+namespace spmd::partition {
+
+enum class FactorKind : uint8_t { kPassThrough, kReduction, kNeedReplication };
+
+struct Factor {
+  int64_t size = 1;
+  FactorKind kind = FactorKind::kPassThrough;
+  ReduceOp reduce = ReduceOp::kSum;  // for reduction factors: how partial results combine
+  // For reduction factors: the padding of an unevenly sharded dim made of this factor must be
+  // filled with this value before the local op reads it (the reduction's identity).
+  double pad_value = 0.0;
+};
+
+using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor
+using TensorFactors = std::vector<DimFactors>;  // one entry per tensor dim
+
+class LocalBuilder;
+struct LocalValue;
+
+struct ShardingRule {
+  std::vector<Factor> factors;
+  std::vector<TensorFactors> operands;  // one per node input (in node->inputs() order)
+  std::vector<TensorFactors> results;   // one per node output
+  // Per result, the factors it sums over. Default (empty): the reduction factors that do not
+  // appear in that result. Needed when results reduce differently, e.g. convolution_backward's
+  // grad_bias sums over batch and space but does not depend on the input channels at all.
+  std::vector<std::vector<int>> reduced_in_result;
+
+  // Emits the local computation given operands already in the layouts the factor assignment
+  // asks for; returns one value per result. Unset: the same op with local shapes, with the
+  // node's args rewritten by `local_args` (when set).
+  std::function<std::vector<LocalValue>(LocalBuilder& b, const std::vector<LocalValue>& operands)>
+      lower;
+  // Rewrites shape-valued args (view sizes, expand sizes, factory sizes) for local shapes.
+  std::function<std::vector<ir::Arg>(const ir::Node& node, const std::vector<Shape>& local_results)>
+      local_args;
+  // Local computation is not the same on every shard (e.g. arange over a sharded dim): only
+  // replicated results are allowed, shards are sliced afterwards.
+  bool results_must_replicate = false;
+
+  int AddFactor(int64_t size, FactorKind kind = FactorKind::kPassThrough) {
+    factors.push_back(Factor{size, kind});
+    return static_cast<int>(factors.size()) - 1;
+  }
+};
+
+// Builds the rule for one node, or nullopt when the op has no rule for these arguments (the
+// partitioner then replicates every operand and counts the op as a replicated fallback).
+using RuleBuilder = std::function<std::optional<ShardingRule>(const ir::Node& node)>;
+
+// Registers `builder` for an op: a qualified name ("aten::add.Tensor") or a base name
+// ("aten::add", matching every overload without a more specific rule).
+void RegisterRule(const std::string& op_name, RuleBuilder builder);
+void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& builder);
+std::optional<ShardingRule> GetRule(const ir::Node& node);
+bool HasRuleFor(const std::string& qualified_name);
+
+// Helpers shared by rule files.
+// One pass-through factor per dim of `type`; returns the factors.
+TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type);
+// Maps operand `type` onto result factors right-aligned with broadcasting: size-1 dims that
+// broadcast against a larger result dim get no factor.
+TensorFactors BroadcastFactors(const TensorType& type, const TensorType& result,
+                               const TensorFactors& result_factors);
+// The integer list in arg `index` ({} when None), or the single int promoted to a list.
+std::vector<int64_t> IntListArg(const ir::Node& node, int index);
+int64_t IntArg(const ir::Node& node, int index, int64_t default_value = 0);
+bool BoolArg(const ir::Node& node, int index, bool default_value = false);
+// Index of the arg named `name` in the node's op schema, or -1.
+int ArgIndex(const ir::Node& node, const char* name);
+
+}  // namespace spmd::partition

@@ -1,0 +1,301 @@
+// Shape and layout ops of the functional IR: reshapes (compound factors), permutations,
+// broadcasts, squeeze/unsqueeze, slicing and selection, concatenation and splitting, the
+// scatter ops functionalization emits for writes through views, and ops whose result depends
+// on absolute positions along some dims (flip, cumsum, tril, sort, ...). A dim that is cut,
+// shifted or read at absolute positions needs replication; the others pass through.
+#include <algorithm>
+
+#include "partition/rules/all_rules.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+int64_t Dim(const ir::Node& n, const char* name, int64_t rank, int64_t default_value = 0) {
+  int idx = ArgIndex(n, name);
+  if (idx < 0 || n.arg(idx).is_none()) return default_value;
+  return WrapDim(n.arg(idx).i, rank);
+}
+
+// Rewrites the arg named `name` to the local shape of result 0.
+RuleBuilder WithLocalSize(RuleBuilder inner, const char* name) {
+  return [inner, name](const ir::Node& node) -> std::optional<ShardingRule> {
+    std::optional<ShardingRule> rule = inner(node);
+    int idx = ArgIndex(node, name);
+    if (!rule || idx < 0) return rule;
+    int stride_idx = ArgIndex(node, "stride");
+    rule->local_args = [idx, stride_idx](const ir::Node& n, const std::vector<Shape>& local) {
+      std::vector<ir::Arg> args = n.args();
+      args[idx] = ir::Arg::IntList(local[0]);
+      if (stride_idx >= 0) {
+        std::vector<int64_t> stride(local[0].size(), 1);
+        for (int64_t d = static_cast<int64_t>(stride.size()) - 2; d >= 0; --d)
+          stride[d] = stride[d + 1] * std::max<int64_t>(local[0][d + 1], 1);
+        args[stride_idx] = ir::Arg::IntList(stride);
+      }
+      return args;
+    };
+    return rule;
+  };
+}
+
+// view/reshape: walk both shapes in groups of consecutive dims with equal products; inside a
+// group, factor both sides by the common refinement of their cumulative products (e.g.
+// [6] -> [2,3] gives factors 2 and 3). A group without one ([4,6] -> [6,4]) is replicated.
+std::optional<ShardingRule> Reshape(const ir::Node& node) {
+  const Shape& a = node.input(0).type().shape;
+  const Shape& b = node.output(0).shape;
+  if (NumElements(a) == 0) return std::nullopt;
+  ShardingRule rule;
+  TensorFactors fa(a.size()), fb(b.size());
+  size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    if (i < a.size() && a[i] == 1) { ++i; continue; }
+    if (j < b.size() && b[j] == 1) { ++j; continue; }
+    if (i >= a.size() || j >= b.size()) return std::nullopt;
+    std::vector<size_t> gi{i}, gj{j};
+    int64_t pa = a[i], pb = b[j];
+    while (pa != pb) {
+      if (pa < pb) { ++i; pa *= a[i]; gi.push_back(i); }
+      else { ++j; pb *= b[j]; gj.push_back(j); }
+    }
+    // Cumulative products of both sides; their union must form a divisibility chain.
+    std::vector<int64_t> cuts;
+    int64_t c = 1;
+    for (size_t d : gi) cuts.push_back(c *= a[d]);
+    c = 1;
+    for (size_t d : gj) cuts.push_back(c *= b[d]);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    bool chain = true;
+    for (size_t k = 0, prev = 1; k < cuts.size(); prev = cuts[k++]) chain &= cuts[k] % prev == 0;
+    if (chain) {
+      std::vector<int> factors;
+      int64_t prev = 1;
+      for (int64_t cut : cuts) {
+        factors.push_back(rule.AddFactor(cut / prev));
+        prev = cut;
+      }
+      auto assign = [&](const Shape& shape, const std::vector<size_t>& group, TensorFactors& tf) {
+        int64_t lo = 1;
+        for (size_t d : group) {
+          int64_t hi = lo * shape[d];
+          for (size_t k = 0; k < cuts.size(); ++k)
+            if (cuts[k] > lo && cuts[k] <= hi) tf[d].push_back(factors[k]);
+          lo = hi;
+        }
+      };
+      assign(a, gi, fa);
+      assign(b, gj, fb);
+    }
+    ++i;
+    ++j;
+  }
+  rule.operands = {fa};
+  rule.results = {fb};
+  return rule;
+}
+
+std::optional<ShardingRule> Permute(const ir::Node& node, std::vector<int64_t> perm) {
+  ShardingRule rule;
+  TensorFactors in = PassThroughFactors(rule, node.input(0).type());
+  TensorFactors out;
+  for (int64_t p : perm) out.push_back(in.at(WrapDim(p, in.size())));
+  rule.operands = {in};
+  rule.results = {out};
+  return rule;
+}
+
+std::optional<ShardingRule> Transpose(const ir::Node& node) {
+  int64_t rank = node.input(0).type().rank();
+  std::vector<int64_t> perm(rank);
+  for (int64_t d = 0; d < rank; ++d) perm[d] = d;
+  if (rank >= 2) {
+    int64_t d0 = node.op()->name == "aten::t_copy" ? 0 : Dim(node, "dim0", rank);
+    int64_t d1 = node.op()->name == "aten::t_copy" ? 1 : Dim(node, "dim1", rank);
+    std::swap(perm[d0], perm[d1]);
+  }
+  return Permute(node, perm);
+}
+
+std::optional<ShardingRule> Expand(const ir::Node& node) {
+  ShardingRule rule;
+  TensorFactors out = PassThroughFactors(rule, node.output(0));
+  rule.operands = {BroadcastFactors(node.input(0).type(), node.output(0), out)};
+  rule.results = {out};
+  return rule;
+}
+
+// Maps the non-size-1 dims of the input and result in order (squeeze / unsqueeze).
+std::optional<ShardingRule> SqueezeLike(const ir::Node& node) {
+  const Shape& a = node.input(0).type().shape;
+  const Shape& b = node.output(0).shape;
+  ShardingRule rule;
+  TensorFactors fa(a.size()), fb(b.size());
+  size_t j = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == 1) continue;
+    while (j < b.size() && b[j] == 1) ++j;
+    if (j >= b.size() || b[j] != a[i]) return std::nullopt;
+    int f = rule.AddFactor(a[i]);
+    fa[i] = {f};
+    fb[j++] = {f};
+  }
+  rule.operands = {fa};
+  rule.results = {fb};
+  return rule;
+}
+
+// One operand and results of the same rank; the listed dims get their own need-replication
+// factors (their extent may differ between operand and result), the others pass through.
+ShardingRule KeepDimsExcept(const TensorType& in, const std::vector<TensorType>& outs,
+                            const std::vector<bool>& replicate) {
+  ShardingRule rule;
+  TensorFactors fin;
+  std::vector<TensorFactors> fouts(outs.size());
+  for (int64_t d = 0; d < in.rank(); ++d) {
+    if (replicate[d]) {
+      fin.push_back({rule.AddFactor(in.shape[d], FactorKind::kNeedReplication)});
+      for (size_t o = 0; o < outs.size(); ++o)
+        fouts[o].push_back({rule.AddFactor(outs[o].shape[d], FactorKind::kNeedReplication)});
+      continue;
+    }
+    int f = rule.AddFactor(in.shape[d]);
+    fin.push_back({f});
+    for (auto& fo : fouts) fo.push_back({f});
+  }
+  rule.operands = {fin};
+  rule.results = fouts;
+  return rule;
+}
+
+std::vector<TensorType> Outputs(const ir::Node& n) { return n.outputs(); }
+
+// Ops reading dims at absolute positions: those dims replicate (the rest pass through).
+RuleBuilder Positional(std::function<std::vector<int64_t>(const ir::Node&, int64_t rank)> dims) {
+  return [dims](const ir::Node& node) -> std::optional<ShardingRule> {
+    const TensorType& in = node.input(0).type();
+    for (const TensorType& t : node.outputs())
+      if (t.rank() != in.rank()) return std::nullopt;
+    std::vector<bool> replicate(in.rank(), false);
+    for (int64_t d : dims(node, in.rank())) replicate[WrapDim(d, std::max<int64_t>(in.rank(), 1))] = true;
+    ShardingRule rule = KeepDimsExcept(in, Outputs(node), replicate);
+    for (size_t k = 1; k < node.inputs().size(); ++k)  // e.g. a second tensor of the same shape
+      rule.operands.push_back(node.input(k).type().shape == in.shape ? rule.operands[0]
+                                                                     : TensorFactors(node.input(k).type().rank()));
+    return rule;
+  };
+}
+
+std::vector<int64_t> DimArg(const ir::Node& n, int64_t rank) { return {Dim(n, "dim", rank)}; }
+std::vector<int64_t> DimsArg(const ir::Node& n, int64_t rank) {
+  std::vector<int64_t> dims = IntListArg(n, ArgIndex(n, "dims"));
+  for (auto& d : dims) d = WrapDim(d, rank);
+  return dims;
+}
+std::vector<int64_t> LastTwo(const ir::Node& n, int64_t rank) {
+  return rank >= 2 ? std::vector<int64_t>{rank - 2, rank - 1} : std::vector<int64_t>{};
+}
+std::vector<int64_t> AllDims(const ir::Node& n, int64_t rank) {
+  std::vector<int64_t> dims(rank);
+  for (int64_t d = 0; d < rank; ++d) dims[d] = d;
+  return dims;
+}
+
+// select_copy(self, dim, index): the selected dim disappears.
+std::optional<ShardingRule> Select(const ir::Node& node) {
+  const TensorType& in = node.input(0).type();
+  int64_t dim = Dim(node, "dim", in.rank());
+  ShardingRule rule;
+  TensorFactors fin, fout;
+  for (int64_t d = 0; d < in.rank(); ++d) {
+    if (d == dim) {
+      fin.push_back({rule.AddFactor(in.shape[d], FactorKind::kNeedReplication)});
+      continue;
+    }
+    int f = rule.AddFactor(in.shape[d]);
+    fin.push_back({f});
+    fout.push_back({f});
+  }
+  rule.operands = {fin};
+  rule.results.assign(node.num_outputs(), fout);  // unbind: every result drops the dim
+  return rule;
+}
+
+// cat(tensors, dim) / stack(tensors, dim): the joined dim replicates; other dims are shared.
+std::optional<ShardingRule> Join(const ir::Node& node, bool stack) {
+  const TensorType& out = node.output(0);
+  int64_t dim = Dim(node, "dim", out.rank());
+  ShardingRule rule;
+  TensorFactors fout;
+  for (int64_t d = 0; d < out.rank(); ++d)
+    fout.push_back({rule.AddFactor(out.shape[d], d == dim ? FactorKind::kNeedReplication
+                                                          : FactorKind::kPassThrough)});
+  for (const ir::Value& in : node.inputs()) {
+    const TensorType& t = in.type();
+    TensorFactors fin(t.rank());
+    if (t.rank() + (stack ? 1 : 0) == out.rank()) {
+      for (int64_t d = 0, od = 0; d < t.rank(); ++d, ++od) {
+        if (stack && od == dim) ++od;
+        if (od == dim) fin[d] = {rule.AddFactor(t.shape[d], FactorKind::kNeedReplication)};
+        else fin[d] = fout[od];
+      }
+    }
+    rule.operands.push_back(fin);
+  }
+  rule.results = {fout};
+  return rule;
+}
+
+// slice_scatter(self, src, dim, ...) / select_scatter(self, src, dim, index): result = self with
+// src written in; the written dim replicates.
+std::optional<ShardingRule> ScatterInto(const ir::Node& node, bool select) {
+  const TensorType& self = node.input(0).type();
+  int64_t dim = Dim(node, "dim", self.rank());
+  ShardingRule rule;
+  TensorFactors fself, fsrc;
+  for (int64_t d = 0; d < self.rank(); ++d) {
+    if (d == dim) {
+      fself.push_back({rule.AddFactor(self.shape[d], FactorKind::kNeedReplication)});
+      if (!select)
+        fsrc.push_back({rule.AddFactor(node.input(1).type().shape[d], FactorKind::kNeedReplication)});
+      continue;
+    }
+    int f = rule.AddFactor(self.shape[d]);
+    fself.push_back({f});
+    fsrc.push_back({f});
+  }
+  rule.operands = {fself, fsrc};
+  rule.results = {fself};
+  return rule;
+}
+
+}  // namespace
+
+void RegisterViewRules() {
+  RegisterRules({"aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy",
+                 "aten::reshape"},
+                WithLocalSize(Reshape, "size"));
+  RegisterRule("aten::permute_copy", [](const ir::Node& n) {
+    return Permute(n, IntListArg(n, ArgIndex(n, "dims")));
+  });
+  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, Transpose);
+  RegisterRule("aten::expand_copy", WithLocalSize(Expand, "size"));
+  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, SqueezeLike);
+  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, Select);
+  RegisterRule("aten::cat", [](const ir::Node& n) { return Join(n, false); });
+  RegisterRule("aten::stack", [](const ir::Node& n) { return Join(n, true); });
+  RegisterRule("aten::slice_scatter", [](const ir::Node& n) { return ScatterInto(n, false); });
+  RegisterRule("aten::select_scatter", [](const ir::Node& n) { return ScatterInto(n, true); });
+  RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
+                 "aten::narrow_copy", "aten::cumsum", "aten::cumprod", "aten::sort",
+                 "aten::topk", "aten::_softmax", "aten::_log_softmax",
+                 "aten::_softmax_backward_data", "aten::_log_softmax_backward_data"},
+                Positional(DimArg));
+  RegisterRules({"aten::flip", "aten::roll"}, Positional(DimsArg));
+  RegisterRules({"aten::tril", "aten::triu"}, Positional(LastTwo));
+  RegisterRules({"aten::constant_pad_nd", "aten::repeat"}, Positional(AllDims));
+}
+
+}  // namespace spmd::partition
