@@ -28,7 +28,7 @@ int64_t ReduceOpValue(const py::handle& value) {
   const std::string name = value.cast<std::string>();
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin})
     if (ReduceOpName(op) == name) return static_cast<int64_t>(op);
-  SPMD_CHECK_VALUE(false, "unknown reduce op ", name);
+  throw std::invalid_argument("unknown reduce op " + name);
 }
 
 // The op's non-tensor args in schema order, from `axes` and the `attrs` dict; every key of

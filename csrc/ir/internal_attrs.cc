@@ -25,9 +25,9 @@ const std::vector<int64_t>& IntsOf(const std::string& name, const Arg& a) {
 double FloatOf(const std::string& name, const Arg& a) {
   SPMD_CHECK_VALUE(a.kind == Arg::Kind::kDouble || a.kind == Arg::Kind::kInt || a.is_scalar(),
                    "spmd op attribute ", name, " must be a number, got ", a.ToString());
-  return a.kind == Arg::Kind::kInt ? static_cast<double>(a.i)
-         : a.kind == Arg::Kind::kDouble ? a.d
-                                        : a.ScalarValue();
+  if (a.kind == Arg::Kind::kDouble) return a.d;
+  if (a.kind == Arg::Kind::kInt) return static_cast<double>(a.i);
+  return a.ScalarValue();
 }
 
 int64_t NonNegative(const std::string& name, int64_t v) {
@@ -85,8 +85,10 @@ Shape SpmdOutputShape(const OpInfo& op, const Shape& input, const SpmdAttrs& a, 
   const InternalOps& ops = InternalOps::Get();
   const int64_t k = AxesSize(mesh, a.axes);
   Shape out = input;
-  if (&op == ops.all_reduce || &op == ops.collective_permute || &op == ops.mask_pad) {
-    if (&op == ops.mask_pad) CheckDim("dim", a.dim, input);
+  if (&op == ops.all_reduce || &op == ops.collective_permute) {
+    // same shape
+  } else if (&op == ops.mask_pad) {
+    CheckDim("dim", a.dim, input);
   } else if (&op == ops.all_gather) {
     out[CheckDim("dim", a.dim, input)] = a.size;
   } else if (&op == ops.reduce_scatter || &op == ops.shard_slice) {

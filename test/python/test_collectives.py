@@ -423,8 +423,10 @@ def test_shard_slice_of_a_replicated_input_is_computed_once_per_tile():
     ("reduce_scatter", dict(dim=1, op="sum", size=4), (2, 1)),
     ("halo_exchange", dict(dim=0, left=1, right=1, value=0.0), (4, 4)),
 ])
-def test_every_device_accounts_its_result_bytes(kind, attrs, out_shape):
-    shape, ids, axes = (4, 2), list(range(8)), [0]
+# Groups of 4 devices, strided (4x2 over axis 0) or adjacent ids (2x4 over axis 1).
+@pytest.mark.parametrize("shape,axes", [((4, 2), [0]), ((2, 4), [1])])
+def test_every_device_accounts_its_result_bytes(kind, attrs, out_shape, shape, axes):
+    ids = list(range(8))
     xs = random_inputs((2, 4), seed=0)
     before = [_C._memory_info(d)["bytes_used"] for d in range(N)]
     _C._reset_peak_memory()
