@@ -27,6 +27,7 @@ std::vector<PerDevice> Identity(const ir::Node& node, const std::vector<const Pe
 struct Registrar {
   Registrar() {
     RegisterInternalKernel(ir::InternalOps::Get().sharding_constraint->qualified, Identity);
+    RegisterCollectiveKernels();
   }
 } registrar;
 }  // namespace

@@ -19,6 +19,17 @@ using InternalKernel = std::function<std::vector<PerDevice>(
 void RegisterInternalKernel(const std::string& qualified_name, InternalKernel kernel);
 const InternalKernel* FindInternalKernel(const std::string& qualified_name);
 
+// Registers the collective and device-local spmd kernels (collective_kernels.cc). Called from
+// this library's own registrar: the runtime is a static library, so a registrar living only in
+// collective_kernels.o could be dropped by the linker.
+void RegisterCollectiveKernels();
+
+// Runs one partitioner-inserted spmd op outside a program, on per-device `inputs`, with `args`
+// in the op's schema order and its groups over `mesh`: the output type comes from
+// ir::SpmdOutputShape, as the partitioner would declare it. For tests and debugging.
+PerDevice RunSpmdOp(const ir::OpInfo& op, std::vector<ir::Arg> args, MeshPtr mesh,
+                    const PerDevice& inputs);
+
 // Per-device buffers for `tensors` (one per device), sharing a buffer object between devices
 // that got the very same host tensor.
 PerDevice MakePerDevice(const std::vector<at::Tensor>& tensors, const std::string& label);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_join.h"
 #include "core/error.h"
+#include "sharding/tiling.h"
 
 namespace spmd {
 namespace {
@@ -103,13 +104,11 @@ bool IsConsistent(const TileAssignment& ta) {
          std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
 }
 
-// [offset, limit) of the tile `device` holds along `dim`: tiles are ceil(D/k) long and the
-// trailing ones are cut short (or empty) at D.
-std::pair<int64_t, int64_t> TileBounds(const Sharding& sharding, const Shape& global, int64_t dim,
-                                       int64_t device) {
-  const int64_t size = sharding.ShardShape(global).at(dim);
-  const int64_t index = sharding.TileIndex(dim, device);
-  return {std::min(index * size, global[dim]), std::min((index + 1) * size, global[dim])};
+// How `dim` of `global` is cut into tiles (ceil(D/k) long, trailing ones short or empty).
+DimTiling TilingOf(const Sharding& sharding, const Shape& global, int64_t dim) {
+  SPMD_CHECK_VALUE(static_cast<int64_t>(global.size()) == sharding.rank(), "Shape ",
+                   ShapeToString(global), " does not match sharding rank ", sharding.rank());
+  return DimTiling(global.at(dim), sharding.NumTiles(dim));
 }
 
 }  // namespace
@@ -228,12 +227,11 @@ Shape Sharding::ShardShape(const Shape& global) const {
 }
 
 int64_t Sharding::ShardOffset(const Shape& global, int64_t dim, int64_t device) const {
-  return TileBounds(*this, global, dim, device).first;
+  return TilingOf(*this, global, dim).Offset(TileIndex(dim, device));
 }
 
 int64_t Sharding::ShardLength(const Shape& global, int64_t dim, int64_t device) const {
-  const auto [offset, limit] = TileBounds(*this, global, dim, device);
-  return limit - offset;
+  return TilingOf(*this, global, dim).Length(TileIndex(dim, device));
 }
 
 bool Sharding::IsEven(const Shape& global) const {

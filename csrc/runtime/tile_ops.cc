@@ -1,0 +1,39 @@
+#include "runtime/tile_ops.h"
+
+#include <ATen/ATen.h>
+
+namespace spmd::runtime {
+
+at::Tensor ValidRows(const at::Tensor& tile, int64_t dim, const DimTiling& tiling, int64_t index) {
+  return tile.narrow(dim, 0, tiling.Length(index));
+}
+
+at::Tensor TileOf(const at::Tensor& whole, int64_t dim, const DimTiling& tiling, int64_t index) {
+  return whole.narrow(dim, tiling.Offset(index), tiling.Length(index));
+}
+
+at::Tensor PadTo(const at::Tensor& t, int64_t dim, int64_t size) {
+  if (t.size(dim) == size) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[dim] = size;
+  at::Tensor out = at::zeros(shape, t.options());
+  out.narrow(dim, 0, t.size(dim)).copy_(t);
+  return out;
+}
+
+at::Tensor PaddedTile(const at::Tensor& whole, int64_t dim, const DimTiling& tiling,
+                      int64_t index) {
+  at::Tensor piece = TileOf(whole, dim, tiling, index);
+  if (piece.size(dim) == tiling.tile_size) return piece.clone(at::MemoryFormat::Contiguous);
+  return PadTo(piece, dim, tiling.tile_size);
+}
+
+void ReduceInto(at::Tensor& acc, const at::Tensor& v, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: acc.add_(v); return;
+    case ReduceOp::kMax: at::maximum_out(acc, acc, v); return;
+    case ReduceOp::kMin: at::minimum_out(acc, acc, v); return;
+  }
+}
+
+}  // namespace spmd::runtime
