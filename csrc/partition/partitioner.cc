@@ -106,7 +106,8 @@ class Partitioner {
       // Padding read by a sharded reduction must hold the reduction's identity.
       for (size_t d = 0; d < rule->operands[i].size(); ++d)
         for (int f : rule->operands[i][d])
-          if (rule->factors[f].kind == FactorKind::kReduction && !fa[f].empty())
+          if ((rule->factors[f].kind == FactorKind::kReduction || rule->factors[f].always_mask) &&
+              !fa[f].empty())
             v = MaskPadding(builder_, v, {static_cast<int>(d)}, rule->factors[f].pad_value);
       operands.push_back(std::move(v));
     }

@@ -89,7 +89,7 @@ LocalValue ResolvePartial(ProgramBuilder& b, LocalValue v, const Sharding& targe
     AxisList still;
     for (int a : pending)
       if (std::find(scatter.begin(), scatter.end(), a) == scatter.end()) still.push_back(a);
-    Sharding layout = v.layout.WithDimAxes(d, new_axes).WithPartial(still, op);
+    Sharding layout = v.layout.WithPartial(still, op).WithDimAxes(d, new_axes);
     v = Step(b, v, Ops().reduce_scatter,
              {Arg::Int(d), AxesArg(scatter), Arg::Int(static_cast<int64_t>(op)), Arg::Int(extent)},
              layout, "reduce-scatter", scatter);

@@ -77,7 +77,8 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
     auto it = tiles.find(tile);
     if (it == tiles.end()) {
       at::Tensor shard = ExtractShard(global, sharding, dev);
-      if (shard.data_ptr() == global.data_ptr() && global.is_same(host)) shard = shard.clone();
+      // Never alias the caller's tensor: a narrow of its storage would see later writes.
+      if (shard.is_alias_of(host)) shard = shard.clone();
       it = tiles.emplace(tile, shard).first;
     }
     shards.push_back(MakeBuffer(dev, it->second, label + " shard"));

@@ -6,5 +6,7 @@ void RegisterPointwiseRules();
 void RegisterReductionRules();
 void RegisterMatmulRules();
 void RegisterViewRules();
+void RegisterNNRules();
+void RegisterIndexRules();
 void RegisterAllRules();  // calls all of the above once
 }  // namespace spmd::partition

@@ -42,7 +42,9 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
       result.push_back({f});
       continue;
     }
-    Factor factor{in.shape[d], FactorKind::kReduction};
+    Factor factor;
+    factor.size = in.shape[d];
+    factor.kind = FactorKind::kReduction;
     switch (combine) {
       case Combine::kSum: case Combine::kMean: break;
       case Combine::kMax:

@@ -44,6 +44,8 @@ void RegisterAllRules() {
     RegisterReductionRules();
     RegisterMatmulRules();
     RegisterViewRules();
+    RegisterNNRules();
+    RegisterIndexRules();
   });
 }
 
@@ -101,5 +103,11 @@ bool BoolArg(const ir::Node& node, int index, bool default_value) {
 }
 
 int ArgIndex(const ir::Node& node, const char* name) { return node.op()->ArgIndex(name); }
+
+int InputOfArg(const ir::Node& node, const char* name) {
+  int a = ArgIndex(node, name);
+  if (a < 0 || node.arg(a).kind != ir::Arg::Kind::kTensor) return -1;
+  return static_cast<int>(node.arg(a).i);
+}
 
 }  // namespace spmd::partition

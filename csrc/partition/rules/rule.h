@@ -31,6 +31,9 @@ struct Factor {
   // For reduction factors: the padding of an unevenly sharded dim made of this factor must be
   // filled with this value before the local op reads it (the reduction's identity).
   double pad_value = 0.0;
+  // Mask the padding with pad_value even when the factor is not a reduction (e.g. class
+  // indices must read ignore_index there, or the kernel rejects them).
+  bool always_mask = false;
 };
 
 using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor
@@ -61,7 +64,10 @@ struct ShardingRule {
   bool results_must_replicate = false;
 
   int AddFactor(int64_t size, FactorKind kind = FactorKind::kPassThrough) {
-    factors.push_back(Factor{size, kind});
+    Factor f;
+    f.size = size;
+    f.kind = kind;
+    factors.push_back(f);
     return static_cast<int>(factors.size()) - 1;
   }
 };
@@ -90,5 +96,7 @@ int64_t IntArg(const ir::Node& node, int index, int64_t default_value = 0);
 bool BoolArg(const ir::Node& node, int index, bool default_value = false);
 // Index of the arg named `name` in the node's op schema, or -1.
 int ArgIndex(const ir::Node& node, const char* name);
+// The node input that the tensor arg named `name` refers to, or -1 (absent or None).
+int InputOfArg(const ir::Node& node, const char* name);
 
 }  // namespace spmd::partition

@@ -1,0 +1,265 @@
+// Neural-network ops: losses with a `reduction` argument, layer norm, batch norm, embedding.
+// Their "mean" reductions divide by a global count, which a shard does not know: the lowerings
+// below rescale local results by local/global extent or divide by a reduced global total, so
+// the partial results sum to the single-device value.
+#include "partition/local_builder.h"
+#include "partition/rules/all_rules.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+constexpr int64_t kReductionNone = 0, kReductionMean = 1;
+
+ir::Arg ScalarDouble(double v) {
+  ir::Arg a;
+  a.kind = ir::Arg::Kind::kScalarDouble;
+  a.d = v;
+  return a;
+}
+
+// x * factor (a constant), keeping the layout.
+LocalValue Scale(LocalBuilder& b, const LocalValue& x, double factor) {
+  if (factor == 1.0) return x;
+  return b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+                  {x.value}, {ir::Arg::Tensor(0), ScalarDouble(factor)}, x.value.type(), x.layout,
+                  x.global);
+}
+
+// Local elements / global elements of v (the local count includes padding, which the masks
+// have zeroed).
+double LocalFraction(const LocalValue& v) {
+  return static_cast<double>(NumElements(v.local_shape())) / NumElements(v.global.shape);
+}
+
+// loss(self, target, ..., reduction): elementwise over self's dims, then none/sum/mean.
+std::optional<ShardingRule> ReducingLoss(const ir::Node& node) {
+  int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
+  const TensorType& self = node.input(0).type();
+  ShardingRule rule;
+  TensorFactors fs;
+  for (int64_t size : self.shape)
+    fs.push_back({rule.AddFactor(size, reduction == kReductionNone ? FactorKind::kPassThrough
+                                                                   : FactorKind::kReduction)});
+  for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), self, fs));
+  rule.results = {reduction == kReductionNone ? fs : TensorFactors{}};
+  if (reduction == kReductionMean) {
+    rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+      std::vector<LocalValue> r = b.EmitNodeOp(ops);
+      r[0] = Scale(b, r[0], LocalFraction(ops[0]));
+      return r;
+    };
+  }
+  return rule;
+}
+
+// loss_backward(grad_output, self, target, ..., reduction): elementwise; a mean divided by the
+// local count, so rescale by local/global.
+std::optional<ShardingRule> LossBackward(const ir::Node& node) {
+  int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
+  const TensorType& out = node.output(0);
+  ShardingRule rule;
+  TensorFactors fo = PassThroughFactors(rule, out);
+  for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), out, fo));
+  rule.results = {fo};
+  if (reduction == kReductionMean) {
+    rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+      std::vector<LocalValue> r = b.EmitNodeOp(ops);
+      r[0] = Scale(b, r[0], LocalFraction(r[0]));
+      return r;
+    };
+  }
+  return rule;
+}
+
+// nll_loss_forward(self [N,C] or [C], target [N] or [], weight [C]?, reduction, ignore_index)
+// -> (output, total_weight). Classes replicate. Padding rows read ignore_index as their target.
+std::optional<ShardingRule> NllLoss(const ir::Node& node) {
+  const TensorType& self = node.input(0).type();
+  if (self.rank() != 2) return std::nullopt;
+  int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
+  int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
+  ShardingRule rule;
+  int n = rule.AddFactor(self.shape[0], reduction == kReductionNone ? FactorKind::kPassThrough
+                                                                    : FactorKind::kReduction);
+  rule.factors[n].pad_value = static_cast<double>(ignore_index);
+  rule.factors[n].always_mask = true;
+  int c = rule.AddFactor(self.shape[1], FactorKind::kNeedReplication);
+  rule.operands = {{{n}, {c}}, {{n}}};
+  if (node.inputs().size() > 2) rule.operands.push_back({{c}});  // weight
+  rule.results = {reduction == kReductionNone ? TensorFactors{{n}} : TensorFactors{}, {}};
+  if (reduction == kReductionNone) rule.reduced_in_result = {{}, {n}};
+  if (reduction == kReductionMean) {
+    // Local sum and local total weight; output = sum / total over all devices. The total is
+    // reduced now (the backward pass reads it); the output stays a pending partial sum.
+    int reduction_arg = ArgIndex(node, "reduction");
+    rule.lower = [reduction_arg](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+      std::vector<ir::Arg> args = b.WithSlots(b.node().args());
+      args[reduction_arg] = ir::Arg::Int(2);  // Sum
+      std::vector<LocalValue> r = b.EmitNodeOp(ops, args);
+      LocalValue total = b.Resolve(r[1]);
+      LocalValue out = b.EmitOp(
+          "aten::div.Tensor", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}},
+          {r[0].value, total.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, r[0].value.type(),
+          r[0].layout, r[0].global);
+      return std::vector<LocalValue>{out, total};
+    };
+  }
+  return rule;
+}
+
+// nll_loss_backward(grad_output, self, target, weight?, reduction, ignore_index, total_weight)
+// -> grad_input like self: rows pass through (total_weight is already global).
+std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
+  const TensorType& self = node.input(1).type();
+  if (self.rank() != 2) return std::nullopt;
+  int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
+  int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
+  ShardingRule rule;
+  int n = rule.AddFactor(self.shape[0]);
+  rule.factors[n].pad_value = static_cast<double>(ignore_index);
+  rule.factors[n].always_mask = true;
+  int c = rule.AddFactor(self.shape[1], FactorKind::kNeedReplication);
+  rule.operands.resize(node.inputs().size());
+  for (size_t i = 0; i < node.inputs().size(); ++i) rule.operands[i] = TensorFactors(node.input(i).type().rank());
+  auto set = [&](const char* name, TensorFactors tf) {
+    int i = InputOfArg(node, name);
+    if (i >= 0) rule.operands[i] = std::move(tf);
+  };
+  set("self", {{n}, {c}});
+  set("target", {{n}});
+  set("weight", {{c}});
+  if (reduction == kReductionNone) set("grad_output", {{n}});
+  rule.results = {{{n}, {c}}};
+  return rule;
+}
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd): the
+// leading (batch) dims pass through, the normalized dims replicate.
+std::optional<ShardingRule> LayerNorm(const ir::Node& node, bool backward) {
+  const TensorType& input = node.input(backward ? 1 : 0).type();
+  std::vector<int64_t> ns = IntListArg(node, ArgIndex(node, "normalized_shape"));
+  int64_t batch_dims = input.rank() - static_cast<int64_t>(ns.size());
+  if (batch_dims < 0) return std::nullopt;
+  ShardingRule rule;
+  TensorFactors fin, fstat, fparam;
+  std::vector<int> batch;
+  for (int64_t d = 0; d < input.rank(); ++d) {
+    if (d < batch_dims) {
+      int f = rule.AddFactor(input.shape[d], backward ? FactorKind::kReduction : FactorKind::kPassThrough);
+      batch.push_back(f);
+      fin.push_back({f});
+      fstat.push_back({f});
+    } else {
+      int f = rule.AddFactor(input.shape[d], FactorKind::kNeedReplication);
+      fin.push_back({f});
+      fstat.push_back({});
+      fparam.push_back({f});
+    }
+  }
+  auto factors_for = [&](const TensorType& t) {
+    if (t.shape == input.shape) return fin;
+    if (t.rank() == input.rank()) return fstat;
+    if (t.rank() == static_cast<int64_t>(ns.size())) return fparam;
+    return TensorFactors(t.rank());
+  };
+  for (const ir::Value& in : node.inputs()) rule.operands.push_back(factors_for(in.type()));
+  for (const TensorType& t : node.outputs())
+    rule.results.push_back(t.dtype == DType::kUndefined ? TensorFactors() : factors_for(t));
+  return rule;
+}
+
+// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum,
+// eps) -> (out, save_mean, save_invstd). Channels (dim 1) pass through. Training statistics are
+// over batch and space, which therefore replicate; in eval the op is per-channel elementwise.
+// native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?,
+// save_mean?, save_invstd?, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias).
+std::optional<ShardingRule> BatchNorm(const ir::Node& node, bool backward) {
+  const TensorType& input = node.input(backward ? 1 : 0).type();
+  if (input.rank() < 2) return std::nullopt;
+  bool training = BoolArg(node, ArgIndex(node, backward ? "train" : "training"), true);
+  ShardingRule rule;
+  TensorFactors fin;
+  int channel = -1;
+  std::vector<int> others;
+  for (int64_t d = 0; d < input.rank(); ++d) {
+    if (d == 1) {
+      channel = rule.AddFactor(input.shape[d]);
+      fin.push_back({channel});
+      continue;
+    }
+    FactorKind kind = training ? FactorKind::kNeedReplication
+                               : (backward ? FactorKind::kReduction : FactorKind::kPassThrough);
+    int f = rule.AddFactor(input.shape[d], kind);
+    others.push_back(f);
+    fin.push_back({f});
+  }
+  auto factors_for = [&](const TensorType& t) -> TensorFactors {
+    if (t.shape == input.shape) return fin;
+    if (t.rank() == 1 && t.shape[0] == input.shape[1]) return {{channel}};
+    return TensorFactors(t.rank());
+  };
+  for (const ir::Value& in : node.inputs()) rule.operands.push_back(factors_for(in.type()));
+  for (const TensorType& t : node.outputs())
+    rule.results.push_back(t.dtype == DType::kUndefined ? TensorFactors() : factors_for(t));
+  return rule;
+}
+
+// embedding(weight [V,D], indices [...]) -> [..., D]: the vocabulary replicates.
+std::optional<ShardingRule> Embedding(const ir::Node& node) {
+  const TensorType& weight = node.input(0).type();
+  const TensorType& indices = node.input(1).type();
+  if (weight.rank() != 2) return std::nullopt;
+  ShardingRule rule;
+  int v = rule.AddFactor(weight.shape[0], FactorKind::kNeedReplication);
+  int d = rule.AddFactor(weight.shape[1]);
+  TensorFactors fi = PassThroughFactors(rule, indices);
+  TensorFactors fo = fi;
+  fo.push_back({d});
+  rule.operands = {{{v}, {d}}, fi};
+  rule.results = {fo};
+  return rule;
+}
+
+// embedding_dense_backward(grad [..., D], indices [...], num_weights, padding_idx, scale)
+// -> [V, D]: every index position sums into the table, unless gradients are scaled by a
+// frequency that only the whole batch knows.
+std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
+  const TensorType& grad = node.input(0).type();
+  const TensorType& indices = node.input(1).type();
+  bool scale_by_freq = BoolArg(node, ArgIndex(node, "scale_grad_by_freq"), false);
+  ShardingRule rule;
+  TensorFactors fi;
+  for (int64_t size : indices.shape)
+    fi.push_back({rule.AddFactor(size, scale_by_freq ? FactorKind::kNeedReplication : FactorKind::kReduction)});
+  int d = rule.AddFactor(grad.shape.back());
+  int v = rule.AddFactor(node.output(0).shape[0], FactorKind::kNeedReplication);
+  TensorFactors fg = fi;
+  fg.push_back({d});
+  rule.operands = {fg, fi};
+  rule.results = {{{v}, {d}}};
+  return rule;
+}
+
+}  // namespace
+
+void RegisterNNRules() {
+  RegisterRules({"aten::mse_loss", "aten::smooth_l1_loss", "aten::huber_loss",
+                 "aten::binary_cross_entropy", "aten::soft_margin_loss", "aten::l1_loss"},
+                ReducingLoss);
+  RegisterRules({"aten::mse_loss_backward", "aten::smooth_l1_loss_backward",
+                 "aten::huber_loss_backward", "aten::binary_cross_entropy_backward",
+                 "aten::soft_margin_loss_backward"},
+                LossBackward);
+  RegisterRule("aten::nll_loss_forward", NllLoss);
+  RegisterRule("aten::nll_loss_backward", NllLossBackward);
+  RegisterRule("aten::native_layer_norm", [](const ir::Node& n) { return LayerNorm(n, false); });
+  RegisterRule("aten::native_layer_norm_backward", [](const ir::Node& n) { return LayerNorm(n, true); });
+  RegisterRule("aten::native_batch_norm", [](const ir::Node& n) { return BatchNorm(n, false); });
+  RegisterRule("aten::native_batch_norm_backward", [](const ir::Node& n) { return BatchNorm(n, true); });
+  RegisterRule("aten::embedding", Embedding);
+  RegisterRule("aten::embedding_dense_backward", EmbeddingBackward);
+}
+
+}  // namespace spmd::partition
