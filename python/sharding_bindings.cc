@@ -34,6 +34,17 @@ void BindSharding(py::module_& m) {
         return MakeSharding(device_ids, mesh_shape, axis_names, dim_axes).ToString();
       },
       "The XLA text form of a sharding, without a tensor.");
+  m.def(
+      "_upload_sharded",
+      [](const at::Tensor& host, const std::vector<int64_t>& device_ids,
+         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
+         const std::vector<std::vector<int>>& dim_axes) {
+        Sharding sharding = MakeSharding(device_ids, mesh_shape, axis_names, dim_axes);
+        return aten::UploadSharded(host, sharding);
+      },
+      py::arg("host"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
+      py::arg("dim_axes"),
+      "A new spmd tensor with a CPU tensor's data laid out directly in the given sharding.");
   m.def("_clear_sharding", &aten::ClearSharding);
   m.def("_get_sharding_spec", &aten::GetShardingSpec);
   m.def("_get_sharding_specs", [](const std::vector<at::Tensor>& ts) {
@@ -48,6 +59,21 @@ void BindSharding(py::module_& m) {
     return out;
   });
   m.def("_load_local_shards", &aten::LoadLocalShards);
+  m.def(
+      "_parse_sharding_spec",
+      [](const std::string& text) {
+        TileAssignment ta = TileAssignment::Parse(text);
+        py::dict d;
+        d["replicated"] = ta.replicated;
+        d["manual"] = ta.manual;
+        d["dims"] = ta.dims;
+        d["devices"] = ta.devices;
+        d["last_tile_dim_replicate"] = ta.last_tile_dim_replicate;
+        return d;
+      },
+      py::arg("text"),
+      "Parses the XLA text form of a sharding into its tile assignment (dict with replicated, "
+      "manual, dims, devices, last_tile_dim_replicate); ValueError when malformed.");
 }
 
 }  // namespace spmd

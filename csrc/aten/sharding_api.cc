@@ -118,6 +118,21 @@ std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
   return out;
 }
 
+at::Tensor UploadSharded(const at::Tensor& host, const Sharding& sharding) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  TORCH_CHECK(host.device().is_cpu(), "UploadSharded needs a CPU tensor, got one on ",
+              host.device());
+  TORCH_CHECK(sharding.rank() == host.dim(), "sharding rank ", sharding.rank(),
+              " does not match the tensor rank ", host.dim());
+  Count("TransferToDevice");
+  // A private copy: DeviceData::FromHost keeps narrowed views of its input as shards (only the
+  // shard at offset 0 is copied), so shards would otherwise alias the caller's tensor and see
+  // its later in-place changes.
+  at::Tensor copy = host.clone(at::MemoryFormat::Contiguous);
+  ir::Value value{ir::MakeDataNode(runtime::DeviceData::FromHost(copy, sharding)), 0};
+  return WrapOutput(value, /*factory=*/true);
+}
+
 void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "load_local_shards_");

@@ -34,6 +34,10 @@ struct LocalShard {
 };
 // One shard per device, materializing `t` first.
 std::vector<LocalShard> GetLocalShards(const at::Tensor& t);
+// A new spmd tensor holding the host tensor `host` laid out as `sharding`: each device receives
+// only its (padded) shard, with no transient replicated copy (xm.send_cpu_data_to_device with an
+// input sharding).
+at::Tensor UploadSharded(const at::Tensor& host, const Sharding& sharding);
 // Replaces `t`'s data with per-device shards (padded shapes) in its current sharding.
 void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards);
 

@@ -1,8 +1,14 @@
 """PyTorch/XLA's ``torch_xla.core.xla_model`` (``xm``) for the spmd device."""
+import sys
+
 import torch
 
 from .. import _C
+from .. import runtime
 from .._device import device as _device
+from .._device import is_spmd_tensor
+from ..distributed.spmd.xla_sharded_tensor import XLAShardedTensor
+from ._tree import map_tensors
 
 _step_closures = []
 
@@ -46,3 +52,129 @@ def get_memory_info(device=None) -> dict:
         index = int(device.rsplit(":", 1)[-1])
     info = _C._memory_info(index)
     return {k: info[k] for k in ("bytes_used", "bytes_limit", "peak_bytes_used")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Replication helpers. In SPMD mode one process drives every device, so there is one replica:
+# ordinal 0, world size 1, and the gradient all-reduce of optimizer_step has nothing to do.
+
+def get_ordinal(defval: int = 0) -> int:
+    """This replica's ordinal: always 0 in SPMD mode."""
+    return 0
+
+
+def get_local_ordinal(defval: int = 0) -> int:
+    """This replica's ordinal on its host: always 0 in SPMD mode."""
+    return 0
+
+
+def xrt_world_size(defval: int = 1) -> int:
+    """Number of replicas: always 1 in SPMD mode (the devices sit behind one logical device)."""
+    return 1
+
+
+def is_master_ordinal(local: bool = True) -> bool:
+    """Whether this replica is the (local or global) master: always True with one replica."""
+    return True
+
+
+def master_print(*args, fd=None, local: bool = False, flush: bool = False) -> None:
+    """``print`` on the master replica only (which is this process)."""
+    if is_master_ordinal(local=local):
+        print(*args, file=fd if fd is not None else sys.stdout, flush=flush)
+
+
+def xla_device_hw(device=None) -> str:
+    """The hardware kind behind the device: the emulated ``'SPMD'`` devices."""
+    return runtime.device_type()
+
+
+def reduce_gradients(optimizer, groups=None, pin_layout: bool = True) -> None:
+    """Averages gradients across replicas: a no-op, since SPMD mode has a single replica (the
+    partitioner already inserts whatever reductions the sharded gradients need)."""
+
+
+def optimizer_step(optimizer, barrier: bool = False, optimizer_args={}, groups=None,
+                   pin_layout: bool = True):
+    """Reduces gradients across replicas (nothing to do with one replica), runs
+    ``optimizer.step(**optimizer_args)`` and, if ``barrier``, ``mark_step()``. Returns what
+    ``step`` returned."""
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    loss = optimizer.step(**optimizer_args)
+    if barrier:
+        mark_step()
+    return loss
+
+
+def _to_cpu(tensors: list) -> list:
+    """Host copies of spmd tensors, computed by one sync of everything pending among them."""
+    plain = [t.global_tensor if isinstance(t, XLAShardedTensor) else t for t in tensors]
+    _C._sync_tensors([t.detach() for t in plain])
+    out = []
+    for t, p in zip(tensors, plain):
+        host = p.detach().cpu()
+        if isinstance(t, torch.nn.Parameter):
+            host = torch.nn.Parameter(host, requires_grad=t.requires_grad)
+        out.append(host)
+    return out
+
+
+def save(data, file_or_path, master_only: bool = True, global_master: bool = False) -> None:
+    """``torch.save`` of ``data`` with every spmd tensor (also inside dicts, lists, tuples)
+    replaced by its CPU value, so the file loads without torch_spmd. Sharded tensors are
+    gathered. Only the master replica writes (this process)."""
+    cpu_data = map_tensors(data, is_spmd_tensor, _to_cpu)
+    if not master_only or is_master_ordinal(local=not global_master):
+        torch.save(cpu_data, file_or_path)
+
+
+def _send_to_device(datas, input_sharding):
+    """Moves every CPU tensor in ``datas`` to the spmd device, laid out by ``input_sharding``
+    (a ShardingSpec or None = replicated) where its rank fits."""
+
+    def select(v):
+        return type(v) == torch.Tensor and v.device.type == "cpu"
+
+    def convert(tensors):
+        specs = [input_sharding if input_sharding is not None and input_sharding.can_apply(t)
+                 else None for t in tensors]
+        if input_sharding is not None and input_sharding.minibatch:
+            # Batch dim 0 is split over the local devices, so it must divide evenly.
+            count = runtime.addressable_runtime_device_count()
+            for t, spec in zip(tensors, specs):
+                if spec is not None and t.dim() > 0 and t.size()[0] % count != 0:
+                    raise RuntimeError(
+                        "When minibatch is configured, the per-host batch size must be divisible "
+                        + "by local runtime device count. Per host input data shape " +
+                        f"= {t.size()}, local_runtime_device_count = {count}")
+        return [spec._upload(t) if spec is not None else t.to(_device(0))
+                for t, spec in zip(tensors, specs)]
+
+    return map_tensors(datas, select, convert)
+
+
+def send_cpu_data_to_device(datas, device, input_sharding=None):
+    """Moves the CPU tensors in ``datas`` (a tensor, or dicts/lists/tuples of them) to the spmd
+    device; a single tensor comes back as a one-element list, as in PyTorch/XLA.
+
+    ``input_sharding``: None (replicated), a ``ShardingSpec`` (applied to every tensor whose rank
+    matches; sharded tensors are uploaded shard by shard, never whole to every device), or a
+    dict key -> ShardingSpec, in which case ``datas`` must be a dict (or a list of dicts) whose
+    keys all have a spec: ValueError / KeyError otherwise. ``device`` is the spmd device (the
+    only one there is).
+    """
+    if isinstance(input_sharding, dict):
+        def send_dict(batch):
+            missing = [k for k in batch if k not in input_sharding]
+            if missing:
+                raise KeyError(f"Keys: {missing} are missing from input_sharding.")
+            return {k: _send_to_device(v, input_sharding[k]) for k, v in batch.items()}
+
+        if isinstance(datas, dict):
+            return send_dict(datas)
+        if isinstance(datas, (list, tuple)) and datas and all(isinstance(b, dict) for b in datas):
+            return [send_dict(b) for b in datas]
+        raise ValueError("input batch should be a dict when input sharding is a dict.")
+    if type(datas) is torch.Tensor:
+        datas = [datas]
+    return _send_to_device(datas, input_sharding)

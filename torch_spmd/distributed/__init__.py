@@ -1,0 +1,1 @@
+"""Distributed APIs of torch_spmd (``torch_spmd.distributed.spmd``: the sharding annotations)."""

@@ -1,0 +1,125 @@
+"""PyTorch/XLA's ``torch_xla.runtime`` (``xr``) for the emulated spmd device set.
+
+There is one process and one logical torch device (``torch_spmd.device()``); behind it sit N
+emulated physical devices. As in PyTorch/XLA's SPMD mode, the *logical* counts
+(``global_device_count``, ``world_size``, ...) are 1 and the ordinals 0, while the *runtime*
+counts (``global_runtime_device_count``) are the number of emulated devices.
+
+The device set is created on first use from ``SPMD_NUM_DEVICES`` (default 8) and
+``SPMD_DEVICE_MEMORY`` (default ``16GiB``); ``configure_devices`` replaces it while no buffer is
+live.
+"""
+import os
+from typing import Optional, Union
+
+from . import _C
+
+_USE_SPMD = False
+
+# Env var names that PyTorch/XLA uses; we set them too so that code checking the environment
+# (rather than calling is_spmd()) sees the same state.
+_XLA_USE_SPMD = "XLA_USE_SPMD"
+
+
+def use_spmd(auto: Optional[bool] = False) -> None:
+    """Enables SPMD mode (records the flag; spmd tensors are always SPMD-partitioned here).
+
+    ``auto=True`` (XLA's experimental auto-sharding) is not implemented and raises
+    NotImplementedError instead of silently running without any sharding.
+    """
+    global _USE_SPMD
+    if auto:
+        raise NotImplementedError(
+            "use_spmd(auto=True): auto-sharding is not implemented in torch_spmd; call "
+            "use_spmd() and annotate tensors with torch_spmd.distributed.spmd.mark_sharding")
+    _USE_SPMD = True
+    os.environ[_XLA_USE_SPMD] = "1"
+
+
+def is_spmd() -> bool:
+    """Whether SPMD mode was enabled by ``use_spmd()`` (or the ``XLA_USE_SPMD`` env var)."""
+    return _USE_SPMD or os.environ.get(_XLA_USE_SPMD, "0") not in ("", "0")
+
+
+def device_type() -> str:
+    """The kind of the emulated devices, used in shard device names such as ``'SPMD:3'``."""
+    return "SPMD"
+
+
+def global_runtime_device_count() -> int:
+    """Number of emulated physical devices (all of them: there is one process)."""
+    return _C._num_devices()
+
+
+def addressable_runtime_device_count() -> int:
+    """Number of emulated physical devices this process can address (all of them)."""
+    return _C._num_devices()
+
+
+def global_device_count() -> int:
+    """Logical torch devices across processes: 1, as in PyTorch/XLA's SPMD mode."""
+    return 1
+
+
+def addressable_device_count() -> int:
+    """Logical torch devices in this process: 1."""
+    return 1
+
+
+def world_size() -> int:
+    """Number of participating replicas: 1 (one SPMD program drives every device)."""
+    return 1
+
+
+def global_ordinal() -> int:
+    """This replica's global ordinal: 0."""
+    return 0
+
+
+def local_ordinal() -> int:
+    """This replica's ordinal on its host: 0."""
+    return 0
+
+
+def process_index() -> int:
+    """Index of this process: 0 (single process)."""
+    return 0
+
+
+def process_count() -> int:
+    """Number of processes: 1."""
+    return 1
+
+
+def runtime_device_attributes(device: Union[str, int]) -> dict:
+    """Attributes of one emulated device: ``{'name': 'SPMD:i', 'ordinal': i}``."""
+    index = int(str(device).rsplit(":", 1)[-1])
+    if not 0 <= index < global_runtime_device_count():
+        raise ValueError(f"device {device} is not one of the {global_runtime_device_count()} "
+                         "emulated devices")
+    return {"name": f"{device_type()}:{index}", "ordinal": index}
+
+
+def global_runtime_device_attributes() -> list:
+    """Attributes of every emulated device, in ordinal order."""
+    return [runtime_device_attributes(i) for i in range(global_runtime_device_count())]
+
+
+def configure_devices(num_devices: int, memory: Union[int, str, None] = None) -> None:
+    """Replaces the emulated device set: ``num_devices`` devices of ``memory`` bytes each.
+
+    ``memory`` is a byte count or text such as ``'16GiB'`` / ``'512MB'``; ``None`` uses
+    ``SPMD_DEVICE_MEMORY`` (default ``16GiB``). Fails (RuntimeError) while any device buffer is
+    live, because existing shards could not be mapped onto the new devices. Meshes built for the
+    old device count become unusable. Clears the compile cache.
+    """
+    if memory is None:
+        memory = os.environ.get("SPMD_DEVICE_MEMORY", "16GiB")
+    if isinstance(memory, str):
+        memory = _C._parse_bytes(memory)
+    if isinstance(memory, bool) or not isinstance(memory, int):
+        raise TypeError(f"memory must be an int (bytes) or a string like '16GiB', got {memory!r}")
+    # Compiled programs were partitioned for the old devices, and cached graphs can still hold
+    # device buffers of their first inputs, which would block the reconfiguration.
+    _C._clear_compile_cache()
+    _C._configure_devices(int(num_devices), memory)
