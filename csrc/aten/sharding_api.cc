@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -92,14 +93,31 @@ Sharding GetSharding(const at::Tensor& t) {
 
 std::string GetShardingSpec(const at::Tensor& t) {
   Sharding s = GetSharding(t);
-  return s.valid() ? s.ToString() : "";
+  // A pending partial sum is an implementation detail: users see the tiling.
+  return s.valid() ? s.WithoutPartial().ToString() : "";
 }
 
 std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  runtime::DeviceDataPtr data = Materialize(GetLazyImpl(t)->slot());
+  LazyImpl* impl = GetLazyImpl(t);
+  runtime::DeviceDataPtr data = Materialize(impl->slot());
+  if (data->sharding().valid() && data->sharding().IsPartial()) {
+    // Shards of a pending partial sum are not pieces of the tensor: reduce them first.
+    data = data->Relayout(data->sharding().WithoutPartial());
+    SetSlotValue(impl->slot(), ir::Value{ir::MakeDataNode(data), 0});
+  }
   const Sharding& s = data->sharding();
   const Shape& shape = data->type().shape;
+  // XLA numbers the replicas of a tile by their position in the sorted list of devices
+  // holding it.
+  std::map<std::vector<int64_t>, std::vector<int64_t>> holders;
+  auto tile_of = [&](int64_t dev) {
+    std::vector<int64_t> tile;
+    for (int64_t d = 0; s.valid() && d < s.rank(); ++d) tile.push_back(s.TileIndex(d, dev));
+    return tile;
+  };
+  for (int64_t dev = 0; dev < static_cast<int64_t>(data->shards().size()); ++dev)
+    holders[tile_of(dev)].push_back(dev);
   std::vector<LocalShard> out;
   int64_t n = static_cast<int64_t>(data->shards().size());
   for (int64_t dev = 0; dev < n; ++dev) {
@@ -111,8 +129,8 @@ std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
       shard.offsets.push_back(tiled ? s.ShardOffset(shape, d, dev) : 0);
       shard.lengths.push_back(tiled ? s.ShardLength(shape, d, dev) : shape[d]);
     }
-    if (IsReplicatedOrNone(s)) shard.replica_id = dev;
-    else shard.replica_id = IndexInGroup(s.mesh(), s.ReplicatedAxes(), dev);
+    const std::vector<int64_t>& group = holders[tile_of(dev)];  // ascending by construction
+    shard.replica_id = std::find(group.begin(), group.end(), dev) - group.begin();
     out.push_back(std::move(shard));
   }
   return out;

@@ -73,6 +73,7 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
     results = exe->Run(params, graph.scalars);
   }
   Count("ExecuteGraph");
+  for (const auto& [op, count] : program.stats.replicated_fallback_ops) Count("ReplicatedFallback", count);
   LastStats() = program.stats;
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::NodePtr data_node = ir::MakeDataNode(results[i]);

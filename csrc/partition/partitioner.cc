@@ -102,7 +102,10 @@ class Partitioner {
     std::vector<LocalValue> operands;
     for (size_t i = 0; i < n.inputs().size(); ++i) {
       Sharding want = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->operands[i], fa));
-      LocalValue v = Reshard(builder_, Local(n.input(i)), want);
+      LocalValue v = Local(n.input(i));
+      bool shape_only = i < rule->shape_only_operands.size() && rule->shape_only_operands[i];
+      if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
+      v = Reshard(builder_, v, want);
       // Padding read by a sharded reduction must hold the reduction's identity.
       for (size_t d = 0; d < rule->operands[i].size(); ++d)
         for (int f : rule->operands[i][d])

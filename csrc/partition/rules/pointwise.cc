@@ -19,6 +19,13 @@ std::optional<ShardingRule> Pointwise(const ir::Node& node) {
   }
   for (const ir::Value& in : node.inputs())
     rule.operands.push_back(BroadcastFactors(in.type(), out, result));
+  // *_like ops and fill read only the shape (and dtype) of `self`.
+  const std::string& name = node.op()->name;
+  bool like = name.size() > 5 && name.compare(name.size() - 5, 5, "_like") == 0;
+  if (like || name == "aten::fill" || name == "aten::zero") {
+    rule.shape_only_operands.assign(node.inputs().size(), false);
+    rule.shape_only_operands[0] = true;
+  }
   return rule;
 }
 
@@ -32,6 +39,7 @@ std::optional<ShardingRule> Factory(const ir::Node& node) {
   rule.results.push_back(result);
   for (const ir::Value& in : node.inputs())
     rule.operands.push_back(TensorFactors(in.type().rank()));  // new_*: self gives only options
+  rule.shape_only_operands.assign(node.inputs().size(), true);
   int stride_arg = ArgIndex(node, "stride");
   rule.local_args = [size_arg, stride_arg](const ir::Node& n, const std::vector<Shape>& local) {
     std::vector<ir::Arg> args = n.args();

@@ -51,6 +51,10 @@ struct ShardingRule {
   // grad_bias sums over batch and space but does not depend on the input channels at all.
   std::vector<std::vector<int>> reduced_in_result;
 
+  // Operands whose values the op never reads, only their shape and dtype (zeros_like, new_*,
+  // fill): they need the right tiling but not their pending partial sums reduced.
+  std::vector<bool> shape_only_operands;
+
   // Emits the local computation given operands already in the layouts the factor assignment
   // asks for; returns one value per result. Unset: the same op with local shapes, with the
   // node's args rewritten by `local_args` (when set).
