@@ -1,4 +1,5 @@
-// Shape functions for ops whose torch 1.13 meta kernel is missing (convolution_backward),
+// Shape functions for ops whose torch 1.13 meta kernel is missing (convolution_backward,
+// _adaptive_avg_pool2d_backward),
 // wrong (arange(4.) comes out int64) or Python-only and hot (convolution).
 #include <ATen/ATen.h>
 #include <torch/csrc/lazy/core/shape_inference.h>
@@ -46,6 +47,12 @@ std::vector<TensorType> ConvolutionBackward(const std::vector<c10::IValue>& a) {
   return out;
 }
 
+// _adaptive_avg_pool2d_backward(grad_output, self) -> like self (torch 1.13 has no meta kernel,
+// so without this the op would run eagerly).
+std::vector<TensorType> LikeSelf(const std::vector<c10::IValue>& a) {
+  return {runtime::TypeOf(a[1].toTensor())};
+}
+
 // arange(end | start, end | start, end, step, dtype=None, ...): ATen's length formula, and
 // the dtype rule the Python meta kernel gets wrong: floating if any bound is floating.
 std::vector<TensorType> Arange(const std::vector<c10::IValue>& a, int num_bounds) {
@@ -78,6 +85,7 @@ const std::unordered_map<std::string, ShapeFn>& Table() {
   static const auto* table = new std::unordered_map<std::string, ShapeFn>{
       {"aten::convolution", Convolution},
       {"aten::convolution_backward", ConvolutionBackward},
+      {"aten::_adaptive_avg_pool2d_backward", LikeSelf},
       {"aten::arange", [](const auto& a) { return Arange(a, 1); }},
       {"aten::arange.start", [](const auto& a) { return Arange(a, 2); }},
       {"aten::arange.start_step", [](const auto& a) { return Arange(a, 3); }},
