@@ -70,9 +70,11 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&LazyFallback>());
 }
 
-TORCH_LIBRARY_IMPL(aten, Functionalize, m) {
-  m.impl("_to_copy", TORCH_FN(ToCopyFunctionalize));
-}
+// Swallows the one expected warning: replacing core's Functionalize kernel for _to_copy.
+class SilentWarningHandler : public c10::WarningHandler {
+ public:
+  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+};
 
 void RegisterBackend() {
   static std::once_flag once;
@@ -98,6 +100,12 @@ void RegisterBackend() {
       ++g_num_captured;
     }
     CaptureLibrary() = std::move(lib);
+
+    static SilentWarningHandler silent;
+    c10::Warning::WarningHandlerGuard guard(&silent);
+    static auto* functionalize = new torch::Library(
+        torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
+    functionalize->impl("_to_copy", TORCH_FN(ToCopyFunctionalize));
   });
 }
 

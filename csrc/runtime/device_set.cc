@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -111,7 +112,8 @@ Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string&
   Device& d = devices_[device];
   if (d.stats.bytes_used + bytes > d.stats.bytes_limit) {
     std::vector<std::pair<int64_t, std::string>> live;
-    for (const auto& kv : d.live) live.push_back(kv.second);
+    for (const auto& [b, l] : d.slots)
+      if (l) live.emplace_back(b, *l);
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.first > b.first; });
     std::string largest;
@@ -122,27 +124,41 @@ Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string&
         FormatBytes(bytes), ") for ", label, " needs ", d.stats.bytes_used + bytes,
         " bytes but the device capacity is ", d.stats.bytes_limit, " bytes (",
         FormatBytes(d.stats.bytes_limit), "); ", d.stats.bytes_used, " bytes are in use by ",
-        d.live.size(), " buffers. Largest live buffers:", largest.empty() ? " none" : largest,
+        d.stats.num_buffers, " buffers. Largest live buffers:", largest.empty() ? " none" : largest,
         "\nRaise SPMD_DEVICE_MEMORY or shard the large tensors over more devices."));
   }
   Allocation a;
   a.owner_ = this;
   a.device_ = device;
   a.bytes_ = bytes;
-  a.id_ = next_id_++;
+  if (d.free_slots.empty()) {
+    a.id_ = d.slots.size();
+    d.slots.emplace_back(bytes, InternLabel(label));
+  } else {
+    a.id_ = d.free_slots.back();
+    d.free_slots.pop_back();
+    d.slots[a.id_] = {bytes, InternLabel(label)};
+  }
   d.stats.bytes_used += bytes;
   d.stats.num_buffers += 1;
   d.stats.peak_bytes_used = std::max(d.stats.peak_bytes_used, d.stats.bytes_used);
-  d.live.emplace(a.id_, std::make_pair(bytes, label));
   return a;
 }
 
-void DeviceSet::Free(int64_t device, uint64_t id, int64_t bytes) {
+void DeviceSet::Free(int64_t device, uint64_t slot, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Device& d = devices_[device];
   d.stats.bytes_used -= bytes;
   d.stats.num_buffers -= 1;
-  d.live.erase(id);
+  d.slots[slot] = {0, nullptr};
+  d.free_slots.push_back(slot);
+}
+
+const std::string* InternLabel(const std::string& label) {
+  static std::mutex mu;
+  static auto* labels = new std::unordered_set<std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  return &*labels->insert(label).first;
 }
 
 DeviceStats DeviceSet::Stats(int64_t device) const {

@@ -4,7 +4,6 @@
 // HBM would, and refuses an allocation that would exceed its capacity.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,17 +66,22 @@ class DeviceSet {
  private:
   friend class Allocation;
   DeviceSet(int64_t num_devices, int64_t bytes_per_device);
-  void Free(int64_t device, uint64_t id, int64_t bytes);
+  void Free(int64_t device, uint64_t slot, int64_t bytes);
 
+  // Live buffers per device, for the out-of-memory report: a slot table with a free list, so
+  // allocating and freeing (once per buffer per device on every step) never allocates memory.
   struct Device {
     DeviceStats stats;
-    std::map<uint64_t, std::pair<int64_t, std::string>> live;  // id -> (bytes, label)
+    std::vector<std::pair<int64_t, const std::string*>> slots;  // (bytes, interned label)
+    std::vector<uint64_t> free_slots;
   };
   mutable std::mutex mu_;
   std::vector<Device> devices_;
   int64_t bytes_limit_;
-  uint64_t next_id_ = 1;
 };
+
+// Labels are interned for the life of the process (there are few distinct ones).
+const std::string* InternLabel(const std::string& label);
 
 std::string FormatBytes(int64_t bytes);  // "1.50 MiB"
 
