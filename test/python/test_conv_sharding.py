@@ -19,6 +19,7 @@ import torch.nn.functional as F  # noqa: E402
 import torch_spmd  # noqa: E402
 import torch_spmd.core.xla_model as xm  # noqa: E402
 import torch_spmd.debug as dbg  # noqa: E402
+import torch_spmd.debug.metrics as met  # noqa: E402
 import torch_spmd.distributed.spmd as xs  # noqa: E402
 import torch_spmd.runtime as xr  # noqa: E402
 from torch_spmd import _C  # noqa: E402
@@ -192,8 +193,11 @@ def test_halo_program_and_stats():
     assert "spmd::halo_exchange" in text and "left=2 right=2" in text, text
     assert "padding=[0,2]" in text, text
     assert "all_gather" not in text, text
+    permutes = met.counter_value("CollectivePermute") or 0
     xm.mark_step()
     stats = dbg.last_step_stats()
+    # The runtime runs the halo as two collective-permutes as well.
+    assert met.counter_value("CollectivePermute") - permutes == 2
     # Two collective-permutes of 2 rows of [2, 3, ., 16] f32 each.
     assert [(c["kind"], c["bytes"], c["group_size"]) for c in stats["collectives"]] == \
         [("collective-permute", 2 * 3 * 2 * 16 * 4, 4)] * 2
@@ -348,6 +352,16 @@ def test_transposed_conv():
     assert kinds(stats)["all-gather"] == 0, stats
     ref, got, stats = run(fn, [x, w, b], [(None, None, "data", None), None, None], mesh_4x2())
     assert_all_close(ref, got)
+
+
+def test_batch_and_spatial_conv_net():
+    # Batch over 'data', H over 'model': halos within each data-parallel group.
+    x = randn(4, 3, 16, 16, seed=43)
+    ref, got, stats = run_net(x, ("data", None, "model", None), mesh_4x2())
+    assert_all_close(ref, got)
+    k = kinds(stats)
+    assert set(k) == {"collective-permute", "all-reduce"}, stats
+    assert all(c["group_size"] == 2 for c in stats["collectives"] if c["kind"] == "collective-permute")
 
 
 # ---------------------------------------------------------------------------------------------
