@@ -68,16 +68,18 @@ LocalValue SliceRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t 
                                                     {"start", ArgType::kInt, true},
                                                     {"end", ArgType::kInt, true},
                                                     {"step", ArgType::kInt}};
-  return b.EmitOp("aten::slice_copy.Tensor", schema, {x.value},
-                  {Arg::Tensor(0), Arg::Int(dim), Arg::Int(start), Arg::Int(start + length), Arg::Int(1)},
-                  TensorType{t.dtype, WithExtent(t.shape, dim, length)}, x.layout, x.global);
+  return b.EmitOp(
+      "aten::slice_copy.Tensor", schema, {x.value},
+      {Arg::Tensor(0), Arg::Int(dim), Arg::Int(start), Arg::Int(start + length), Arg::Int(1)},
+      TensorType{t.dtype, WithExtent(t.shape, dim, length)}, x.layout, x.global);
 }
 
-LocalValue PadRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t before,
-                   int64_t after, double value) {
+LocalValue PadRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t before, int64_t after,
+                   double value) {
   const TensorType& t = x.value.type();
   if (before == 0 && after == 0) return x;
-  // constant_pad_nd's list runs from the last dim backwards: (last_lo, last_hi, ..., dim_lo, dim_hi).
+  // constant_pad_nd's list runs from the last dim backwards: (last_lo, last_hi, ..., dim_lo,
+  // dim_hi).
   std::vector<int64_t> pad(2 * (t.rank() - dim), 0);
   pad[pad.size() - 2] = before;
   pad[pad.size() - 1] = after;
@@ -140,9 +142,8 @@ LocalValue HaloReduce(LocalBuilder& b, const LocalValue& ext, const Sharding& ti
                       int64_t dim, int64_t left, int64_t right) {
   const AxisList& axes = tile_layout.axes(dim);
   const int64_t tile = ext.value.type().shape[dim] - left - right;
-  SPMD_CHECK(!axes.empty() && tile >= left && tile >= right,
-             "internal error: halo reduce of ", left, " and ", right, " rows on dim ", dim, " of ",
-             ext.value.type().ToString());
+  SPMD_CHECK(!axes.empty() && tile >= left && tile >= right, "internal error: halo reduce of ",
+             left, " and ", right, " rows on dim ", dim, " of ", ext.value.type().ToString());
   LocalValue e = ext;
   e.layout = tile_layout;
   // What the neighbours computed for my first `right` rows (their right halo) and my last
@@ -160,8 +161,10 @@ LocalValue HaloReduce(LocalBuilder& b, const LocalValue& ext, const Sharding& ti
   // tiles are live, as for the local op that made `ext`.
   std::vector<LocalValue> parts;
   if (right > 0) parts.push_back(Add(b, SliceRows(b, e, dim, left, right), from_prev()));
-  LocalValue last = left > 0 ? Add(b, SliceRows(b, e, dim, left + tile - left, left), from_next()) : e;
-  if (tile - left - right > 0) parts.push_back(SliceRows(b, e, dim, left + right, tile - left - right));
+  LocalValue last =
+      left > 0 ? Add(b, SliceRows(b, e, dim, left + tile - left, left), from_next()) : e;
+  if (tile - left - right > 0)
+    parts.push_back(SliceRows(b, e, dim, left + right, tile - left - right));
   if (left > 0) parts.push_back(last);
   return Concat(b, parts, dim);
 }

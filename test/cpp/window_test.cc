@@ -44,7 +44,7 @@ TEST(WindowTest, SameConvolutionsAndPoolingsAreTileable) {
   Window w = Make(16, 5, 1, 1, 2);
   EXPECT_EQ(w.Left(), 2);
   EXPECT_EQ(w.Right(), 2);
-  EXPECT_EQ(w.MaxTiles(), 8);  // tiles of at least 2 rows
+  EXPECT_EQ(w.MaxTiles(), 8);                     // tiles of at least 2 rows
   EXPECT_EQ(Make(16, 2, 2, 1, 0).MaxTiles(), 0);  // no halo: no limit
 }
 

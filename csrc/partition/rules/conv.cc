@@ -48,8 +48,10 @@ std::optional<ConvGeometry> ReadGeometry(const ir::Node& node, const TensorType&
   ConvGeometry c;
   c.transposed = BoolArg(node, ArgIndex(node, "transposed"));
   c.groups = IntArg(node, ArgIndex(node, "groups"), 1);
-  std::vector<int64_t> stride = SpatialList(node, "stride", spatial, std::vector<int64_t>(spatial, 1));
-  std::vector<int64_t> dilation = SpatialList(node, "dilation", spatial, std::vector<int64_t>(spatial, 1));
+  std::vector<int64_t> stride =
+      SpatialList(node, "stride", spatial, std::vector<int64_t>(spatial, 1));
+  std::vector<int64_t> dilation =
+      SpatialList(node, "dilation", spatial, std::vector<int64_t>(spatial, 1));
   c.padding = SpatialList(node, "padding", spatial, std::vector<int64_t>(spatial, 0));
   if (stride.size() != spatial || dilation.size() != spatial || c.padding.size() != spatial)
     return std::nullopt;
@@ -81,7 +83,8 @@ struct ConvFactors {
     return t;
   }
   TensorFactors Weight(bool transposed) const {
-    TensorFactors t = transposed ? TensorFactors{InChannels(), {co}} : TensorFactors{OutChannels(), {ci}};
+    TensorFactors t =
+        transposed ? TensorFactors{InChannels(), {co}} : TensorFactors{OutChannels(), {ci}};
     for (int f : kernel) t.push_back({f});
     return t;
   }
@@ -97,7 +100,8 @@ struct ConvFactors {
 ConvFactors AddConvFactors(ShardingRule& rule, const ConvGeometry& c, const TensorType& input,
                            const TensorType& output, const TensorType& weight, bool backward) {
   ConvFactors f;
-  f.n = rule.AddFactor(input.shape[0], backward ? FactorKind::kReduction : FactorKind::kPassThrough);
+  f.n =
+      rule.AddFactor(input.shape[0], backward ? FactorKind::kReduction : FactorKind::kPassThrough);
   if (c.groups > 1) f.g = rule.AddFactor(c.groups);
   f.ci = rule.AddFactor(input.shape[1] / c.groups,
                         backward ? FactorKind::kPassThrough : FactorKind::kReduction);
@@ -105,7 +109,8 @@ ConvFactors AddConvFactors(ShardingRule& rule, const ConvGeometry& c, const Tens
                         backward ? FactorKind::kReduction : FactorKind::kPassThrough);
   f.space.first_dim = 2;
   f.space.windows = c.windows;
-  for (const Window& w : c.windows) f.space.factors.push_back(AddSpatialFactor(rule, w, !c.transposed));
+  for (const Window& w : c.windows)
+    f.space.factors.push_back(AddSpatialFactor(rule, w, !c.transposed));
   for (int64_t d = 2; d < weight.rank(); ++d)
     f.kernel.push_back(rule.AddFactor(weight.shape[d], FactorKind::kNeedReplication));
   return f;
@@ -213,8 +218,9 @@ std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
     std::vector<int64_t> gi_padding = c.padding, gl(c.padding.size()), gr(c.padding.size());
     for (size_t d = 0; d < c.padding.size() && from_grad_halo; ++d)
       if (f.space.Sharded(b, d))
-        from_grad_halo = c.windows[d].GradHalo(AxesSize(b.mesh(), b.factor_axes()[f.space.factors[d]]),
-                                               &gl[d], &gr[d], &gi_padding[d]);
+        from_grad_halo =
+            c.windows[d].GradHalo(AxesSize(b.mesh(), b.factor_axes()[f.space.factors[d]]), &gl[d],
+                                  &gr[d], &gi_padding[d]);
 
     if (!from_grad_halo) {
       // One local backward on the input extended by its halos (its values matter only to
@@ -233,8 +239,8 @@ std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
       std::vector<LocalValue> operands = ops;
       std::vector<int64_t> padding = c.padding;
       operands[in] = f.space.Extend(b, operands[in], padding, 0.0, /*exchange=*/mask[1] != 0);
-      std::vector<LocalValue> w =
-          EmitWithTypes(b, operands, with(padding, {0, mask[1], mask[2]}), {none, types[1], types[2]});
+      std::vector<LocalValue> w = EmitWithTypes(b, operands, with(padding, {0, mask[1], mask[2]}),
+                                                {none, types[1], types[2]});
       r[1] = w[1];
       r[2] = w[2];
     }
@@ -244,7 +250,8 @@ std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
       if (f.space.Sharded(b, d))
         operands[go] = HaloExchange(b, operands[go], f.space.first_dim + static_cast<int64_t>(d),
                                     gl[d], gr[d], 0.0);
-    std::vector<LocalValue> g = EmitWithTypes(b, operands, with(gi_padding, {1, 0, 0}), {types[0], none, none});
+    std::vector<LocalValue> g =
+        EmitWithTypes(b, operands, with(gi_padding, {1, 0, 0}), {types[0], none, none});
     r[0] = g[0];
     if (!(mask[1] || mask[2])) r[1] = g[1], r[2] = g[2];
     return r;

@@ -60,7 +60,8 @@ std::optional<PoolGeometry> ReadPool(const ir::Node& node, const TensorType& sel
 // The rule skeleton: leading dims pass through, spatial dims windowed where `allow(d)`.
 template <typename Allow>
 std::pair<ShardingRule, SpatialDims> PoolRule(const TensorType& self, const PoolGeometry& g,
-                                              Allow allow, TensorFactors* fin, TensorFactors* fout) {
+                                              Allow allow, TensorFactors* fin,
+                                              TensorFactors* fout) {
   ShardingRule rule;
   SpatialDims space;
   space.first_dim = self.rank() - kSpatial;
@@ -100,8 +101,9 @@ LocalValue Binary(LocalBuilder& b, const char* op, const LocalValue& x, const Lo
                   int64_t alpha = 1) {
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor}, {"other", ArgType::kTensor}, {"alpha", ArgType::kScalar}};
-  return b.EmitOp(op, schema, {x.value, y.value}, {Arg::Tensor(0), Arg::Tensor(1), ScalarInt(alpha)},
-                  x.value.type(), x.layout, x.global);
+  return b.EmitOp(op, schema, {x.value, y.value},
+                  {Arg::Tensor(0), Arg::Tensor(1), ScalarInt(alpha)}, x.value.type(), x.layout,
+                  x.global);
 }
 
 LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int64_t v) {
@@ -166,7 +168,8 @@ std::optional<ShardingRule> MaxPool(const ir::Node& node) {
   std::optional<PoolGeometry> g = ReadPool(node, self, node.output(0));
   if (!g || node.num_outputs() != 2) return std::nullopt;
   TensorFactors fin, fout;
-  auto [rule, space] = PoolRule(self, *g, [](int64_t) { return true; }, &fin, &fout);
+  auto [rule, space] = PoolRule(
+      self, *g, [](int64_t) { return true; }, &fin, &fout);
   rule.operands = {fin};
   rule.results = {fout, fout};
   rule.lower = [g = *g, space = space](LocalBuilder& b, const std::vector<LocalValue>& ops) {
@@ -190,7 +193,8 @@ std::optional<ShardingRule> MaxPoolBackward(const ir::Node& node) {
   std::optional<PoolGeometry> g = ReadPool(node, self, node.input(go).type());
   if (!g) return std::nullopt;
   TensorFactors fin, fout;
-  auto [rule, space] = PoolRule(self, *g, [](int64_t) { return true; }, &fin, &fout);
+  auto [rule, space] = PoolRule(
+      self, *g, [](int64_t) { return true; }, &fin, &fout);
   rule.operands.resize(3);
   rule.operands[go] = fout;
   rule.operands[in] = fin;
@@ -198,7 +202,8 @@ std::optional<ShardingRule> MaxPoolBackward(const ir::Node& node) {
   rule.results = {fin};
   rule.shape_only_operands.assign(3, false);
   rule.shape_only_operands[in] = true;
-  rule.lower = [g = *g, space = space, in, idx](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lower = [g = *g, space = space, in, idx](LocalBuilder& b,
+                                                const std::vector<LocalValue>& ops) {
     std::vector<LocalValue> operands = ops;
     std::vector<int64_t> padding = g.padding;
     if (!space.AnySharded(b)) return b.EmitNodeOp(operands);
@@ -206,7 +211,8 @@ std::optional<ShardingRule> MaxPoolBackward(const ir::Node& node) {
     const Shape& ext = operands[in].value.type().shape;
     operands[idx] = RemapIndices(b, space, operands[idx], g.windows[1].in, ext.back(), -1);
     TensorType type{b.node().output(0).dtype, ext};
-    std::vector<LocalValue> r = EmitWithTypes(b, operands, LocalPoolArgs(b, space, padding), {type});
+    std::vector<LocalValue> r =
+        EmitWithTypes(b, operands, LocalPoolArgs(b, space, padding), {type});
     r[0] = space.Reduce(b, r[0], b.result_layout(0));
     return r;
   };
@@ -249,7 +255,8 @@ std::optional<ShardingRule> AvgPool(const ir::Node& node, bool backward) {
     if (!space.AnySharded(b)) return b.EmitNodeOp(operands);
     operands[in] = space.Extend(b, operands[in], padding, 0.0, /*exchange=*/false);
     TensorType type{b.node().output(0).dtype, operands[in].value.type().shape};
-    std::vector<LocalValue> r = EmitWithTypes(b, operands, LocalPoolArgs(b, space, padding), {type});
+    std::vector<LocalValue> r =
+        EmitWithTypes(b, operands, LocalPoolArgs(b, space, padding), {type});
     r[0] = space.Reduce(b, r[0], b.result_layout(0));
     return r;
   };
@@ -272,7 +279,9 @@ std::optional<ShardingRule> AdaptiveAvgPool(const ir::Node& node, bool backward)
     w.kernel = w.stride = w.out > 0 ? w.in / w.out : 1;
     g.windows.push_back(w);
   }
-  auto allow = [&](int64_t d) { return g.windows[d].out > 0 && g.windows[d].in % g.windows[d].out == 0; };
+  auto allow = [&](int64_t d) {
+    return g.windows[d].out > 0 && g.windows[d].in % g.windows[d].out == 0;
+  };
   TensorFactors fin, fout;
   auto [rule, space] = PoolRule(self, g, allow, &fin, &fout);
   if (backward) {

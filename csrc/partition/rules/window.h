@@ -94,7 +94,9 @@ struct SpatialDims {
   std::vector<int> factors;
   std::vector<Window> windows;
 
-  bool Sharded(const LocalBuilder& b, size_t d) const { return !b.factor_axes()[factors[d]].empty(); }
+  bool Sharded(const LocalBuilder& b, size_t d) const {
+    return !b.factor_axes()[factors[d]].empty();
+  }
   bool AnySharded(const LocalBuilder& b) const {
     for (size_t d = 0; d < factors.size(); ++d)
       if (Sharded(b, d)) return true;
@@ -119,8 +121,8 @@ struct SpatialDims {
   LocalValue Reduce(LocalBuilder& b, LocalValue ext, const Sharding& tile_layout) const {
     for (size_t d = factors.size(); d-- > 0;) {
       if (!Sharded(b, d)) continue;
-      ext = HaloReduce(b, ext, tile_layout, first_dim + static_cast<int64_t>(d),
-                       windows[d].Left(), windows[d].Right());
+      ext = HaloReduce(b, ext, tile_layout, first_dim + static_cast<int64_t>(d), windows[d].Left(),
+                       windows[d].Right());
     }
     return ext;
   }
@@ -136,7 +138,8 @@ inline std::vector<LocalValue> EmitWithTypes(LocalBuilder& b, const std::vector<
   const ir::Node& n = b.node();
   std::vector<Sharding> layouts;
   for (int o = 0; o < n.num_outputs(); ++o) layouts.push_back(b.result_layout(o));
-  ir::NodePtr node = b.program().Emit(n.op(), std::move(inputs), std::move(args), std::move(types), layouts);
+  ir::NodePtr node =
+      b.program().Emit(n.op(), std::move(inputs), std::move(args), std::move(types), layouts);
   std::vector<LocalValue> results;
   for (int o = 0; o < n.num_outputs(); ++o)
     results.push_back(LocalValue{ir::Value{node, o}, layouts[o], n.output(o)});
