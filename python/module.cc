@@ -109,4 +109,5 @@ PYBIND11_MODULE(_C, m) {
   spmd::BindGraph(m);
   spmd::BindSharding(m);
   spmd::BindCollectives(m);
+  spmd::BindReplica(m);
 }
