@@ -1,16 +1,37 @@
 #include "aten/backend.h"
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalStorageImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <glog/logging.h>
 #include <torch/library.h>
 
 #include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "aten/lazy_tensor.h"
 #include "aten/recorder.h"
+
+namespace spmd::aten {
+struct KernelPeek;
+}  // namespace spmd::aten
+
+namespace c10 {
+// The kernel currently registered for one dispatch key of an op. c10 offers no API for this;
+// OperatorHandle befriends every TypedOperatorHandle<>, so this specialization may read it.
+// Used once at start-up, to wrap functionalization kernels (see WrapFunctionalizeKernels).
+template <>
+class TypedOperatorHandle<spmd::aten::KernelPeek> final {
+ public:
+  static KernelFunction Lookup(const OperatorHandle& op, DispatchKey key) {
+    return op.operatorDef_->op.lookup(DispatchKeySet(key));
+  }
+};
+}  // namespace c10
 
 namespace spmd::aten {
 
@@ -58,11 +79,156 @@ at::Tensor ToCopyFunctionalize(const at::Tensor& self, c10::optional<at::ScalarT
   return F::to_functional_tensor(out);
 }
 
+// Functionalization on torch 1.13 gets the *metadata* of views wrong in two ways that matter
+// to us, because autograd treats PrivateUse1 as supporting as_strided: CopySlices (the backward
+// of an in-place write through a view, e.g. a[:, 0] = 7 or a[1:3, ::2] += x) replays the view
+// on the base as as_strided(view.sizes(), view.strides(), view.storage_offset() - base offset).
+// 1. Its view kernels compute a new view's strides and storage offset on a meta copy of the
+//    input made by to_meta(), which drops the input's storage offset: every view's offset ends
+//    up relative to its immediate parent (b[1][2:] has offset 2, 6 on CPU; b[1:3, ::2] has 0).
+// 2. Its in-place kernels run the out-of-place op and replace_() the wrapper's value with the
+//    result, taking the result's metadata (a wrapper also reports its value's sizes and
+//    strides): after v = b[1, 1:]; v.fill_(7), v has the result's stride and offset 0. (View values themselves carry the view's
+//    strides: see ApplyViewLayout in recorder.cc.)
+// 1 and 2 sent gradients to the wrong elements. We wrap those Functionalize kernels: views get
+// their input's offset added back (views are affine in it; as_strided takes an absolute offset
+// and dtype views rescale it, so those are left alone), and in-place ops keep the strides of
+// the view they write to (an in-place op never changes its self's layout).
+// 3. detach() of a view returns a shallow copy of the view wrapper, and 1.13's
+//    FunctionalTensorWrapper::shallow_copy_and_detach keeps the shared storage but drops the
+//    view's ViewMetas and generation: once the base has been mutated, the copy "regenerates"
+//    to the whole base (v = b[1]; v.mul_(2); v.detach() holds b's values, shaped like b).
+//    LTC's 'lazy' device shows the same bug. A detached view therefore becomes a new root
+//    holding the view's current value; it no longer aliases the base (in-place writes to a
+//    detached *view* do not reach the base), while detached roots keep aliasing, which
+//    zero_grad and clip_grad_norm_ rely on.
+enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kDetach };
+
+struct WrappedKernel {
+  c10::KernelFunction original;
+  FixKind kind;
+};
+
+std::unordered_map<const c10::FunctionSchema*, WrappedKernel>& WrappedKernels() {
+  static auto* kernels = new std::unordered_map<const c10::FunctionSchema*, WrappedKernel>();
+  return *kernels;
+}
+
+void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                                torch::jit::Stack* stack) {
+  namespace F = at::functionalization::impl;
+  const WrappedKernel& k = WrappedKernels().at(&op.schema());
+  size_t num_args = op.schema().arguments().size();
+  at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
+  if (!self.defined() || !F::isFunctionalTensor(self))
+    return k.original.callBoxed(op, ks, stack);
+
+  if (k.kind == FixKind::kDetach) {
+    F::sync(self);
+    at::Tensor value = F::from_functional_tensor(self);
+    auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+        self.storage().unsafeGetStorageImpl());
+    // After a sync a root's value is its storage's base; a view's value never is.
+    if (storage && storage->base().unsafeGetTensorImpl() != value.unsafeGetTensorImpl()) {
+      at::Tensor detached;
+      {
+        at::AutoDispatchSkipFunctionalize guard;
+        detached = at::detach_copy(value);
+      }
+      torch::jit::drop(*stack, num_args);
+      stack->push_back(F::to_functional_tensor(detached));
+      return;
+    }
+    return k.original.callBoxed(op, ks, stack);
+  }
+  if (k.kind == FixKind::kInplace) {
+    std::vector<int64_t> sizes = self.sizes().vec(), strides = self.strides().vec();
+    int64_t offset = self.storage_offset();
+    k.original.callBoxed(op, ks, stack);
+    // replace_() took the new value's metadata. The wrapper reports its value's sizes and
+    // strides (custom sizes/strides policy), so restore self's strides on the value, and the
+    // storage offset on both. (The new value may claim any layout: copy_ becomes
+    // expand_copy(src, self.sizes()), whose value says stride 0.)
+    auto* value = dynamic_cast<LazyImpl*>(F::from_functional_tensor(self).unsafeGetTensorImpl());
+    if (!value || value->sizes() != c10::IntArrayRef(sizes)) return;
+    if (value->strides() != c10::IntArrayRef(strides)) value->set_sizes_and_strides(sizes, strides);
+    if (value->storage_offset() != offset) value->set_storage_offset(offset);
+    if (self.storage_offset() != offset) self.unsafeGetTensorImpl()->set_storage_offset(offset);
+    return;
+  }
+  int64_t offset = self.storage_offset();
+  k.original.callBoxed(op, ks, stack);
+  if (offset == 0) return;
+  auto shift = [offset](const at::Tensor& t) {
+    if (t.defined() && F::isFunctionalTensor(t))
+      t.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset() + offset);
+  };
+  if (k.kind == FixKind::kInplaceView) return shift(self);  // returns self itself
+  for (const c10::IValue& v : *stack) {
+    if (v.isTensor()) shift(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) shift(t);
+  }
+}
+
+// Which fix `schema` needs, if any.
+c10::optional<FixKind> ClassifyForFix(const c10::OperatorName& name,
+                                      const c10::FunctionSchema& schema) {
+  if (schema.arguments().empty() || schema.returns().empty()) return c10::nullopt;
+  const auto& in = schema.arguments()[0].alias_info();
+  const auto& out = schema.returns()[0].alias_info();
+  if (!in || !out || in->isWrite() != out->isWrite()) return c10::nullopt;
+  if (!in->isWrite()) {
+    static const auto* absolute = new std::unordered_set<std::string>{
+        "aten::as_strided", "aten::view_as_real", "aten::view_as_complex"};
+    if (absolute->count(name.name) || (name.name == "aten::view" && name.overload_name == "dtype"))
+      return c10::nullopt;
+    return name.name == "aten::detach" ? FixKind::kDetach : FixKind::kView;
+  }
+  static const auto* inplace_views = new std::unordered_set<std::string>{
+      "aten::t_", "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::swapaxes_",
+      "aten::swapdims_"};
+  if (inplace_views->count(name.name)) return FixKind::kInplaceView;
+  // Ops that legitimately change their self's metadata.
+  static const auto* reshaping = new std::unordered_set<std::string>{
+      "aten::resize_", "aten::resize_as_", "aten::set_", "aten::as_strided_",
+      "aten::_resize_output_"};
+  if (reshaping->count(name.name)) return c10::nullopt;
+  // An in-place op: self is written and returned.
+  if (name.name.back() == '_' && schema.returns().size() == 1) return FixKind::kInplace;
+  return c10::nullopt;
+}
+
+void WrapFunctionalizeKernels(torch::Library& lib) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    auto kind = ClassifyForFix(name, op->schema());
+    if (!kind || !op->hasKernelForDispatchKey(c10::DispatchKey::Functionalize)) continue;
+    WrappedKernels().emplace(
+        &op->schema(),
+        WrappedKernel{c10::TypedOperatorHandle<KernelPeek>::Lookup(
+                          *op, c10::DispatchKey::Functionalize),
+                      *kind});
+    std::string short_name = name.name.substr(6);
+    if (!name.overload_name.empty()) short_name += "." + name.overload_name;
+    lib.impl(short_name.c_str(),
+             torch::CppFunction::makeFromBoxedFunction<&FunctionalizeKeepingLayout>());
+  }
+}
+
 std::unique_ptr<torch::Library>& CaptureLibrary() {
   static auto* lib = new std::unique_ptr<torch::Library>();
   return *lib;
 }
 int g_num_captured = 0;
+
+std::unique_ptr<torch::Library>& ViewLibrary() {
+  static auto* lib = new std::unique_ptr<torch::Library>();
+  return *lib;
+}
 
 }  // namespace
 
@@ -98,6 +264,17 @@ void RegisterBackend() {
       ++g_num_captured;
     }
     CaptureLibrary() = std::move(lib);
+
+    auto view_lib = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
+    {
+      // Each override logs "Overriding a previously registered kernel" (glog): expected here.
+      int saved = FLAGS_minloglevel;
+      FLAGS_minloglevel = google::GLOG_ERROR;
+      WrapFunctionalizeKernels(*view_lib);
+      FLAGS_minloglevel = saved;
+    }
+    ViewLibrary() = std::move(view_lib);
   });
 }
 

@@ -1,6 +1,8 @@
 // Shape functions for ops whose torch 1.13 meta kernel is missing (convolution_backward),
-// wrong (arange(4.) comes out int64) or Python-only and hot (convolution).
+// wrong (arange(4.) comes out int64, full(.., 7) float32, eval-mode native_batch_norm's saved
+// stats [C] instead of [0]) or Python-only and hot (convolution).
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/lazy/core/shape_inference.h>
 
 #include <cmath>
@@ -74,10 +76,45 @@ std::vector<TensorType> Arange(const std::vector<c10::IValue>& a, int num_bounds
   return {TensorType{runtime::FromScalarType(dtype), {static_cast<int64_t>(len)}}};
 }
 
+// native_batch_norm: the meta kernel's, except that in eval mode the CPU kernel returns empty
+// save_mean/save_invstd (the meta kernel says [C]).
+std::vector<TensorType> NativeBatchNorm(const std::vector<c10::IValue>& a) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::native_batch_norm", "");
+  torch::jit::Stack stack(a.begin(), a.end());
+  op.callBoxed(&stack);
+  std::vector<TensorType> out;
+  for (const c10::IValue& v : stack) out.push_back(runtime::TypeOf(v.toTensor()));
+  if (!a[5].toBool()) out[1].shape = out[2].shape = {0};
+  return out;
+}
+
+// full(size, fill_value, dtype=None, ...): without a dtype, the fill value's kind decides
+// (bool, long, or the default floating dtype); the meta path always says the default dtype.
+std::vector<TensorType> Full(const std::vector<c10::IValue>& a) {
+  c10::ScalarType dtype;
+  if (!a[2].isNone()) {
+    dtype = static_cast<c10::ScalarType>(a[2].toInt());
+  } else {
+    c10::Scalar fill = a[1].toScalar();
+    dtype = fill.isBoolean()        ? c10::kBool
+            : fill.isIntegral(false) ? c10::kLong
+            : fill.isComplex()       ? c10::toComplexType(c10::typeMetaToScalarType(
+                                     c10::get_default_dtype()))
+                                     : c10::typeMetaToScalarType(c10::get_default_dtype());
+  }
+  std::vector<int64_t> size;
+  for (const c10::IValue& v : a[0].toListRef())
+    size.push_back(v.isInt() ? v.toInt() : v.toSymInt().expect_int());
+  return {TensorType{runtime::FromScalarType(dtype), Shape(size.begin(), size.end())}};
+}
+
 const std::unordered_map<std::string, ShapeFn>& Table() {
   static const auto* table = new std::unordered_map<std::string, ShapeFn>{
       {"aten::convolution", Convolution},
       {"aten::convolution_backward", ConvolutionBackward},
+      {"aten::native_batch_norm", NativeBatchNorm},
+      {"aten::full", Full},
       {"aten::arange", [](const auto& a) { return Arange(a, 1); }},
       {"aten::arange.start", [](const auto& a) { return Arange(a, 2); }},
       {"aten::arange.start_step", [](const auto& a) { return Arange(a, 3); }},

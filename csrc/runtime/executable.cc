@@ -172,10 +172,14 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
   for (const auto& group : groups) {
     size_t dev = group[0];
     std::vector<c10::IValue> stack = ins.stack;
+    std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
     for (const auto& [pos, input] : ins.tensor_args) {
       at::Tensor t = (*inputs[input])[dev]->tensor;
-      for (int m : ins.mutable_inputs)
-        if (m == input) t = t.clone();  // values are immutable: never write a live buffer
+      for (int m : ins.mutable_inputs) {
+        if (m != input) continue;
+        t = t.clone();  // values are immutable: never write a live buffer
+        written.push_back(t);
+      }
       stack[pos] = c10::IValue(std::move(t));
     }
     for (const auto& la : ins.list_args) {
@@ -199,13 +203,36 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
     std::vector<at::Tensor> outs;
     for (c10::IValue& r : stack) {
       if (r.isTensor()) outs.push_back(r.toTensor());
+      else if (r.isNone()) outs.emplace_back();  // an optional return left empty
       else if (r.isTensorList())
         for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
+    }
+    // Written inputs that no return carries (native_batch_norm's running stats) are extra
+    // outputs, in argument order (the recorder gave the node one output per such argument).
+    for (const at::Tensor& w : written) {
+      bool returned = false;
+      for (const at::Tensor& o : outs) returned |= o.defined() && o.is_same(w);
+      if (!returned) outs.push_back(w);
     }
     SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " returned ",
                outs.size(), " tensors but ", ins.outputs.size(), " were expected");
     for (size_t o = 0; o < outs.size(); ++o) {
       const TensorType& want = node.output(o);
+      if (want.dtype == DType::kUndefined) {
+        // An output the recorder knew would be undefined (convolution_backward and
+        // native_layer_norm_backward with an output_mask entry false): nothing to keep.
+        SPMD_CHECK(!outs[o].defined() || outs[o].numel() == 0, "internal error: ",
+                   node.op()->qualified, " produced output ", o,
+                   " where the program expects none");
+        continue;
+      }
+      SPMD_CHECK(outs[o].defined(), "internal error: ", node.op()->qualified,
+                 " produced no output ", o, " where the program expects ", want.ToString());
+      // Device buffers are always contiguous: the recorder inferred every later op's shapes
+      // (and any explicit strides, as in _reshape_alias_copy/as_strided_copy) from contiguous
+      // meta tensors, while CPU kernels such as t_copy/permute_copy return strided clones.
+      // Replaying a stride-taking op on such a buffer would read the wrong elements.
+      if (outs[o].defined() && !outs[o].is_contiguous()) outs[o] = outs[o].contiguous();
       SPMD_CHECK(outs[o].sizes().vec() == want.shape &&
                      FromScalarType(outs[o].scalar_type()) == want.dtype,
                  "internal error: ", node.op()->qualified, " produced ",
