@@ -315,6 +315,27 @@ void ApplyViewLayout(const OpPlan& plan, const LazyImpl* in, torch::jit::Stack m
   }
 }
 
+// A meta kernel written in Python (torch/_meta_registrations.py) that raises leaves the Python
+// error indicator set when it reaches us as a C++ exception (torch's python_error). Python
+// bindings restore it when they rethrow; when we handle the failure (by running the op eagerly)
+// it must be cleared, or the interpreter reports "returned a result with an exception set".
+// Declared weakly: the recorder does not depend on Python being there.
+extern "C" {
+int Py_IsInitialized(void) __attribute__((weak));
+int PyGILState_Ensure(void) __attribute__((weak));  // PyGILState_STATE is an int-sized enum
+void PyGILState_Release(int) __attribute__((weak));
+void PyErr_Clear(void) __attribute__((weak));
+}
+
+void ClearPendingPythonError(const std::exception& e) {
+  if (dynamic_cast<const c10::Error*>(&e)) return;  // a C++ kernel's error: nothing pending
+  if (!Py_IsInitialized || !PyGILState_Ensure || !PyGILState_Release || !PyErr_Clear) return;
+  if (!Py_IsInitialized()) return;
+  int state = PyGILState_Ensure();
+  PyErr_Clear();
+  PyGILState_Release(state);
+}
+
 }  // namespace
 
 void RecordReshapeAliasAsView(OpPlan& plan, torch::jit::Stack* stack) {
@@ -457,6 +478,7 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
         shapes = ShapesFromMetaReturns(meta_stack);
       }
     } catch (const std::exception& meta_error) {
+      ClearPendingPythonError(meta_error);
       // No usable meta path for these arguments. Run the op eagerly: if the host kernel
       // accepts them the meta kernel was merely missing; if it rejects them too, the inputs
       // are wrong and the user gets the op, its input shapes and the kernel's reason.

@@ -166,7 +166,8 @@ def _grad_inputs(inputs) -> List[torch.Tensor]:
 class Result:
     cpu_out: Any
     dev_out: Any
-    ops: Set[str] = field(default_factory=set)  # recorded or eagerly run on the device
+    ops: Set[str] = field(default_factory=set)    # recorded or eagerly run on the device
+    eager: Set[str] = field(default_factory=set)  # ran eagerly on the host (EagerFallback)
 
 
 def check(fn: Callable, *inputs, grad: bool = True, rtol: float = RTOL, atol: float = ATOL,
@@ -219,7 +220,7 @@ def check(fn: Callable, *inputs, grad: bool = True, rtol: float = RTOL, atol: fl
         if isinstance(c, torch.Tensor) and c.device.type == "cpu" and isinstance(d, torch.Tensor) \
                 and d.device == DEV:
             assert_same(d.detach(), c.detach(), rtol, atol, f"input[{i}] after the call")
-    return Result(cpu_out, dev_out, ops)
+    return Result(cpu_out, dev_out, ops, eager)
 
 
 def rand(*shape, dtype=torch.float32, requires_grad=False, low=None, high=None, gen=None):
@@ -261,13 +262,13 @@ def check_factory(fn: Callable, rtol: float = RTOL, atol: float = ATOL,
     before = eager_counters()
     cpu_out = fn(torch.device("cpu"))
     dev_out = fn(DEV)
-    ops = recorded_ops([t for t in tree_leaves(dev_out) if isinstance(t, torch.Tensor)])
-    ops |= eager_ops_since(before)
+    eager = eager_ops_since(before)
+    ops = recorded_ops([t for t in tree_leaves(dev_out) if isinstance(t, torch.Tensor)]) | eager
     if compare is not None:
         compare(dev_out, cpu_out)
     else:
         assert_same(dev_out, cpu_out, rtol, atol, "output")
-    return Result(cpu_out, dev_out, ops)
+    return Result(cpu_out, dev_out, ops, eager)
 
 
 def same_shape_dtype(dev_out, cpu_out):

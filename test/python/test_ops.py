@@ -4,7 +4,7 @@ that requires grad, and inputs mutated in place. Each case also names the ATen o
 to cover, and the test checks that the device really recorded (or eagerly ran) each of them.
 """
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Set
 
 import pytest
 import torch
@@ -18,15 +18,17 @@ class Case:
     name: str
     ops: List[str]          # base ATen op names that must show up on the device
     fn: Callable
-    inputs: Callable        # Rng -> tuple of inputs
+    inputs: Callable        # Rng -> tuple of inputs (None: fn(device) is a factory program)
     kw: Dict = field(default_factory=dict)
+    eager: Set[str] = field(default_factory=set)  # ops allowed to run eagerly on the host
 
 
 CASES: List[Case] = []
 
 
-def C(name, ops, fn, inputs, **kw):
-    CASES.append(Case(name, ops.split(), fn, inputs, kw))
+def C(name, ops, fn, inputs, eager="", **kw):
+    """A case. Every op runs lazily unless listed in `eager` (data-dependent output shapes)."""
+    CASES.append(Case(name, ops.split(), fn, inputs, kw, set(eager.split())))
 
 
 f32, f64, f16, bf16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
@@ -151,7 +153,9 @@ C("norm", "norm linalg_vector_norm",
   lambda r: (r.g(3, 4),))
 C("logsumexp", "logsumexp", lambda a: (a.logsumexp(1), a.logsumexp((0, 1), keepdim=True)),
   lambda r: (r.g(3, 4),))
-C("prod", "prod", lambda a: (a.prod(1), a.prod()), lambda r: (r.g(3, 4, low=0.5, high=1.5),))
+# prod's backward looks for zeros with nonzero() (data-dependent shape): eager by design.
+C("prod", "prod", lambda a: (a.prod(1), a.prod()), lambda r: (r.g(3, 4, low=0.5, high=1.5),),
+  eager="nonzero")
 C("cumsum_cumprod", "cumsum cumprod", lambda a: (a.cumsum(1), a.cumprod(0)),
   lambda r: (r.g(3, 4, low=0.5, high=1.5),), lazy=False)
 C("cumsum_int", "cumsum", lambda a: a.cumsum(0), lambda r: (r(5, dtype=i32),))
@@ -405,9 +409,13 @@ C("cross_entropy", "_log_softmax nll_loss_forward", F.cross_entropy,
 C("cross_entropy_ignore_index", "nll_loss_forward",
   lambda a, t: F.cross_entropy(a, t, ignore_index=1),
   lambda r: (r.g(5, 4), torch.tensor([0, 3, 1, 1, 2])))
+# torch 1.13's label smoothing path uses masked_select (data-dependent shape): eager by design.
 C("cross_entropy_label_smoothing", "nll_loss_forward",
   lambda a, t: F.cross_entropy(a, t, label_smoothing=0.1, ignore_index=3),
-  lambda r: (r.g(5, 4), torch.tensor([0, 3, 1, 1, 2])))
+  lambda r: (r.g(5, 4), torch.tensor([0, 3, 1, 1, 2])), eager="masked_select")
+C("cross_entropy_label_smoothing_mean", "nll_loss_forward _log_softmax",
+  lambda a, t: F.cross_entropy(a, t, label_smoothing=0.2),
+  lambda r: (r.g(5, 4), torch.tensor([0, 3, 1, 1, 2])), eager="masked_select")
 C("cross_entropy_probs_and_3d", "nll_loss2d_forward",
   lambda a, t, p: (F.cross_entropy(a, t), F.cross_entropy(a[:, :, 0], p)),
   lambda r: (r.g(2, 4, 3), torch.tensor([[0, 1, 3], [2, 2, 0]]), r(2, 4).softmax(1)))
@@ -469,6 +477,167 @@ C("sort_argsort", "sort", lambda a: (a.sort(1), a.sort(0, descending=True), a.ar
 C("kthvalue_median", "kthvalue median", lambda a: (a.kthvalue(2, 1), a.median(1)), lambda r: (r.g(3, 5),))
 
 
+# ---- more in-place / aliasing semantics ---------------------------------------------------
+def _detach_root_aliases(x):
+    x.detach().mul_(2)          # clip_grad_norm_ does this to grads
+    x.data.add_(1)
+    return x * 1
+
+
+def _detach_mutated_view(a):
+    b = a.clone()
+    v = b[1]
+    v.mul_(10)
+    return v.detach() + 0, b
+
+
+def _view_after_base_mutation(a):
+    b = a.clone()
+    v = b[:, 1]
+    b.mul_(2)                   # v must be regenerated from the mutated base
+    v.add_(1)
+    return b, v * 1
+
+
+def _inplace_view_ops(a):
+    b = a.clone()
+    v = b[1:]
+    v.t_()
+    v.mul_(3)
+    w = b[0]
+    w.unsqueeze_(0)
+    w.add_(1)
+    return b, v * 1, w * 1
+
+
+def _chunk_write(a):
+    b = a.clone()
+    b.chunk(2)[1].zero_()
+    b.split(1, 1)[2].fill_(5)
+    b.unbind(0)[0].neg_()
+    return b
+
+
+def _copy_from_host_into_view(a, h):
+    b = a.clone()
+    b[:, 0].copy_(h.to(torch.float64))
+    b[1].copy_(torch.arange(4))
+    return b
+
+
+def _masked_fill_device_scalar(a, m, v):
+    b = a.clone()
+    b.masked_fill_(m, v)
+    return b
+
+
+def _index_put_accumulate_view(a, i, v):
+    b = a.clone()
+    b[1:].index_put_((i,), v, accumulate=True)
+    return b
+
+
+def _expand_then_inplace_on_copy(a):
+    e = a.expand(3, 4).clone()
+    e[0, 0] = 0
+    return e
+
+
+C("detach_root_aliases", "mul add", _detach_root_aliases, lambda r: (r(3, 4),))
+C("detach_mutated_view", "mul select_scatter", _detach_mutated_view, lambda r: (r.g(3, 4),))
+C("view_after_base_mutation", "mul select add", _view_after_base_mutation, lambda r: (r.g(3, 4),))
+C("inplace_view_ops", "t unsqueeze mul add", _inplace_view_ops, lambda r: (r.g(3, 4),))
+# (no grad: autograd forbids in-place writes to outputs of multi-view ops such as chunk)
+C("chunk_split_unbind_write", "slice_scatter zero fill neg", _chunk_write, lambda r: (r(4, 4),))
+C("copy_from_host_into_view", "select_scatter", _copy_from_host_into_view,
+  lambda r: (r.g(3, 4), Host(torch.arange(3.0))))
+C("masked_fill_device_scalar", "masked_fill", _masked_fill_device_scalar,
+  lambda r: (r.g(3, 4), r(3, 4, dtype=b8), torch.tensor(-2.0)))
+C("index_put_accumulate_view", "index_put slice_scatter", _index_put_accumulate_view,
+  lambda r: (r.g(5, 3), torch.tensor([1, 1, 0]), r.g(3, 3)))
+C("expand_clone_setitem", "expand clone", _expand_then_inplace_on_copy, lambda r: (r.g(1, 4),))
+
+# ---- data-dependent output shapes (run eagerly on the host, by design) ---------------------
+C("nonzero", "nonzero", lambda a: (a.nonzero(), torch.nonzero(a, as_tuple=True)),
+  lambda r: (r(3, 4, dtype=i64, low=0, high=2),), eager="nonzero")
+C("masked_select", "masked_select", lambda a, m: a.masked_select(m),
+  lambda r: (r.g(3, 4), r(3, 4, dtype=b8)), eager="masked_select")
+C("bool_mask_getitem", "index", lambda a, m: a[m] * 2, lambda r: (r.g(3, 4), r(3, 4, dtype=b8)),
+  eager="nonzero index")
+C("bool_mask_setitem", "index_put", lambda a, m: a.clone().index_put((m,), torch.tensor(0.5)),
+  lambda r: (r.g(3, 4), r(3, 4, dtype=b8)), eager="nonzero index_put _index_put_impl")
+C("where_one_arg", "nonzero", lambda a: torch.where(a > 0), lambda r: (r(3, 4),), eager="nonzero")
+C("repeat_interleave_tensor", "repeat_interleave",
+  lambda a, n: a.repeat_interleave(n, dim=0), lambda r: (r.g(3, 2), torch.tensor([1, 0, 2])),
+  eager="repeat_interleave")
+
+# ---- more ops -------------------------------------------------------------------------------
+C("std_mean", "std_mean", lambda a: torch.std_mean(a, 0), lambda r: (r.g(4, 3),))
+C("normalize_cosine", "norm clamp_min div",
+  lambda a, b: (F.normalize(a, dim=1), F.cosine_similarity(a, b)), lambda r: (r.g(3, 4), r.g(3, 4)))
+C("pad_constant_reflect", "constant_pad_nd reflection_pad2d",
+  lambda x: (F.pad(x, (1, 2, 0, 1), value=0.5), F.pad(x, (1, 1, 1, 1), mode="reflect")),
+  lambda r: (r.g(1, 2, 4, 4),))
+C("interpolate_nearest_bilinear", "upsample_nearest2d upsample_bilinear2d",
+  lambda x: (F.interpolate(x, scale_factor=2, mode="nearest"),
+             F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=False)),
+  lambda r: (r.g(1, 2, 3, 4),))
+C("unfold_im2col", "im2col", lambda x: F.unfold(x, 2, stride=1), lambda r: (r.g(1, 2, 4, 4),))
+C("pixel_shuffle", "pixel_shuffle", lambda x: F.pixel_shuffle(x, 2), lambda r: (r.g(1, 8, 2, 3),))
+C("pool1d", "max_pool2d_with_indices avg_pool2d _adaptive_avg_pool2d",
+  lambda x: (F.max_pool1d(x, 2), F.avg_pool1d(x, 3, 1, 1), F.adaptive_avg_pool1d(x, 3)),
+  lambda r: (r.g(2, 3, 6),))
+C("adaptive_max_pool2d", "adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (2, 3)),
+  lambda r: (r.g(1, 2, 5, 6),))
+C("instance_norm", "native_batch_norm", lambda x: F.instance_norm(x), lambda r: (r.g(2, 3, 4, 4),),
+  grad_atol=1e-4)
+C("layer_norm_bf16", "native_layer_norm", lambda x: F.layer_norm(x.bfloat16(), (4,)).float(),
+  lambda r: (r.g(3, 4),), atol=1e-2, rtol=1e-2)
+C("softmax_masked_inf", "_softmax masked_fill",
+  lambda a, m: F.softmax(a.masked_fill(m, float("-inf")), -1),
+  lambda r: (r.g(3, 4), torch.tensor([[False, True, False, True]] * 3)))
+C("addbmm_tensordot_trace", "addbmm mm trace",
+  lambda c, a, b, m: (torch.addbmm(c, a, b), torch.tensordot(a, b, dims=([0, 2], [0, 1])),
+                      torch.trace(m)),
+  lambda r: (r.g(3, 5), r.g(2, 3, 4), r.g(2, 4, 5), r.g(4, 4)))
+C("cross_kron", "linalg_cross mul",
+  lambda a, b: (torch.cross(a, b, dim=1), torch.kron(a[0], b[0])), lambda r: (r.g(2, 3), r.g(2, 3)))
+C("logaddexp_heaviside", "logaddexp heaviside",
+  lambda a, b, c, d: (torch.logaddexp(a, b), torch.heaviside(c, d)),
+  lambda r: (r.g(3, 4), r.g(3, 4), r(3, 4), r(4)))
+C("int_unary", "abs neg sign clamp", lambda a: (a.abs(), -a, a.sign(), a.clamp(-2, 2), a.amax(1)),
+  lambda r: (r(3, 4, dtype=i32),))
+C("half_reductions", "sum mean", lambda a: (a.sum(1), a.mean(), a.float().sum()),
+  lambda r: (r(3, 4, dtype=f16),), atol=1e-2, rtol=1e-3)
+C("cummax_logcumsumexp", "cummax logcumsumexp",
+  lambda a: (torch.cummax(a, 1), torch.logcumsumexp(a, 0)), lambda r: (r.g(3, 4),))
+C("triu_tril_indices", "triu_indices tril_indices",
+  lambda d: (torch.triu_indices(3, 4, device=d), torch.tril_indices(4, 3, 1, device=d)), None)
+C("full_like_int_fill", "full",
+  lambda d: (torch.full((2,), True, device=d), torch.full((2, 2), 3, device=d, dtype=torch.float64)),
+  None)
+# one_hot and gaussian_nll_loss read values with .item() (a sync) on 1.13.
+C("one_hot", "zeros scatter", lambda t: F.one_hot(t, 5), lambda r: (torch.tensor([0, 3, 1, 4]),),
+  lazy=False)
+C("embedding_max_norm_free", "embedding", lambda w, i: F.embedding(i, w, scale_grad_by_freq=True),
+  lambda r: (r.g(6, 3), torch.tensor([[0, 2, 5], [2, 2, 1]])))
+C("multi_dot_chain", "mm", lambda a, b, c: torch.linalg.multi_dot([a, b, c]),
+  lambda r: (r.g(2, 3), r.g(3, 4), r.g(4, 2)))
+C("glu_prelu_selu", "glu prelu elu",
+  lambda a, w: (F.glu(a, -1), F.prelu(a, w), F.selu(a), F.celu(a)),
+  lambda r: (r.g(3, 4), r.g(1)))
+C("softsign_tanhshrink_threshold", "div tanh threshold",
+  lambda a: (F.softsign(a), F.tanhshrink(a), F.threshold(a, 0.1, -1.0), F.hardshrink(a)),
+  lambda r: (r.g(3, 4),))
+C("margin_losses", "clamp_min",
+  lambda a, b, t: (F.margin_ranking_loss(a, b, t), F.hinge_embedding_loss(a, t),
+                   F.soft_margin_loss(a, t)),
+  lambda r: (r.g(6), r.g(6), torch.tensor([1., -1., 1., 1., -1., -1.])))
+C("poisson_gaussian_nll", "exp log",
+  lambda a, t, v: (F.poisson_nll_loss(a, t), F.gaussian_nll_loss(a, t, v)),
+  lambda r: (r.g(3, 4), r(3, 4, low=0.0, high=3.0), r(3, 4, low=0.5, high=2.0)), lazy=False)
+
+
 def _ids(cases):
     names = [c.name for c in cases]
     assert len(set(names)) == len(names), "duplicate case names"
@@ -485,6 +654,8 @@ def test_op(case):
     missing = set(case.ops) - result.ops
     assert not missing, (f"ops not seen on the device: {sorted(missing)}; "
                          f"seen: {sorted(result.ops)}")
+    unexpected = result.eager - case.eager
+    assert not unexpected, f"ran eagerly on the host instead of being recorded: {unexpected}"
 
 
 def test_op_coverage():
