@@ -3,6 +3,8 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "runtime/device_data.h"
 
 namespace spmd::aten {
@@ -24,10 +26,11 @@ struct SlotRegistry {
     }
   }
   void Compact() {
-    size_t keep = 0;
-    for (auto& w : slots)
-      if (!w.expired()) slots[keep++] = std::move(w);
-    slots.resize(keep);
+    // (std::remove_if, not a hand-written loop: self-move-assigning a weak_ptr empties it,
+    // which dropped every live slot here and made mark_step sync nothing.)
+    slots.erase(std::remove_if(slots.begin(), slots.end(),
+                               [](const std::weak_ptr<LazySlot>& w) { return w.expired(); }),
+                slots.end());
   }
 };
 

@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "ir/internal_ops.h"
@@ -82,6 +83,19 @@ bool SameAcrossDevices(const std::vector<const PerDevice*>& inputs, size_t num_d
   return true;
 }
 
+// Ops whose kernel reads its input's memory layout (strides, storage offset) rather than just
+// its values. Buffers keep the layout their CPU kernel gave them (t_copy returns a transposed
+// clone, exactly like CPU eager's t() view, so mm takes the same BLAS path and results stay
+// bit-identical to eager), but the recorder describes every non-view value as contiguous:
+// as_strided_copy/as_strided_scatter strides and view sizes were computed for that layout.
+bool IsLayoutSensitive(const std::string& name) {
+  static const auto* names = new std::unordered_set<std::string>{
+      "aten::as_strided", "aten::as_strided_copy", "aten::as_strided_scatter", "aten::view",
+      "aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias",
+      "aten::_reshape_alias_copy"};
+  return names->count(name) > 0;
+}
+
 }  // namespace
 
 Executable::Executable(partition::Program program) : program_(std::move(program)) { Lower(); }
@@ -106,6 +120,7 @@ void Executable::Lower() {
     for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(first_slot.at(n.get()) + o);
     if (!n->op()->internal) {
       KernelFor(n->op());  // resolve the kernel now, so a missing op fails at compile time
+      ins.layout_sensitive = IsLayoutSensitive(n->op()->name);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
@@ -175,6 +190,7 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
     std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
     for (const auto& [pos, input] : ins.tensor_args) {
       at::Tensor t = (*inputs[input])[dev]->tensor;
+      if (pos == 0 && ins.layout_sensitive) t = t.contiguous();
       for (int m : ins.mutable_inputs) {
         if (m != input) continue;
         t = t.clone();  // values are immutable: never write a live buffer
@@ -228,11 +244,6 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
       }
       SPMD_CHECK(outs[o].defined(), "internal error: ", node.op()->qualified,
                  " produced no output ", o, " where the program expects ", want.ToString());
-      // Device buffers are always contiguous: the recorder inferred every later op's shapes
-      // (and any explicit strides, as in _reshape_alias_copy/as_strided_copy) from contiguous
-      // meta tensors, while CPU kernels such as t_copy/permute_copy return strided clones.
-      // Replaying a stride-taking op on such a buffer would read the wrong elements.
-      if (outs[o].defined() && !outs[o].is_contiguous()) outs[o] = outs[o].contiguous();
       SPMD_CHECK(outs[o].sizes().vec() == want.shape &&
                      FromScalarType(outs[o].scalar_type()) == want.dtype,
                  "internal error: ", node.op()->qualified, " produced ",

@@ -47,6 +47,7 @@ class Executable {
     };
     std::vector<ScalarArg> scalar_args;
     std::vector<int> mutable_inputs;  // node input indices the kernel would write: cloned first
+    bool layout_sensitive = false;    // self is passed contiguous (see IsLayoutSensitive)
   };
   using SlotValue = std::vector<BufferPtr>;  // one buffer per device
 
