@@ -10,11 +10,14 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "aten/lazy_tensor.h"
 #include "aten/recorder.h"
+#include "runtime/device_data.h"
 
 namespace spmd::aten {
 struct KernelPeek;
@@ -102,7 +105,47 @@ at::Tensor ToCopyFunctionalize(const at::Tensor& self, c10::optional<at::ScalarT
 //    holding the view's current value; it no longer aliases the base (in-place writes to a
 //    detached *view* do not reach the base), while detached roots keep aliasing, which
 //    zero_grad and clip_grad_norm_ rely on.
-enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kDetach };
+// 4. Its mutating kernels (in-place and out=) assert "mutating a non-functional tensor with a
+//    functional tensor is not allowed" (an INTERNAL ASSERT asking users to report a PyTorch
+//    bug) when a host tensor meets an spmd tensor, and accept a host computation written into
+//    an spmd out= tensor. We check devices first and raise PyTorch's usual device-mismatch
+//    error; copy_ between the host and the device stays legal in both directions.
+enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kDetach, kOut };
+
+// For mutating ops: raises the usual device-mismatch error when spmd tensors (functional) and
+// host tensors (other than 0-dim ones, which are allowed next to device tensors as with CUDA)
+// meet. Returns true when the op is copy_ from an spmd tensor into a host tensor, which the
+// caller performs itself.
+bool CheckMutationDevices(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                          size_t num_args) {
+  namespace F = at::functionalization::impl;
+  const at::Tensor* host = nullptr;
+  bool any_functional = false;
+  auto visit = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (F::isFunctionalTensor(t)) any_functional = true;
+    else if (!host && t.device().type() != c10::DeviceType::PrivateUse1 &&
+             !(t.device().is_cpu() && t.dim() == 0))
+      host = &t;
+  };
+  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) visit(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) visit(t);
+    else if (v.isList())
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) visit(e.toTensor());
+  }
+  if (!any_functional || !host) return false;
+  if (op.schema().name() == "aten::copy_") {
+    // Device -> host copy into a host tensor: legal; the caller does it. Host -> device: the
+    // functionalization kernel uploads.
+    return !F::isFunctionalTensor(stack[stack.size() - num_args].toTensor());
+  }
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+              "devices, ", SpmdDevice().str(), " and ", host->device().str(), "!");
+}
 
 struct WrappedKernel {
   c10::KernelFunction original;
@@ -119,8 +162,10 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
   namespace F = at::functionalization::impl;
   const WrappedKernel& k = WrappedKernels().at(&op.schema());
   size_t num_args = op.schema().arguments().size();
-  at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
-  if (!self.defined() || !F::isFunctionalTensor(self))
+  const c10::IValue& first = (*stack)[stack->size() - num_args];
+  at::Tensor self = first.isTensor() ? first.toTensor() : at::Tensor();
+  bool mutating = k.kind == FixKind::kInplace || k.kind == FixKind::kOut;
+  if (!mutating && (!self.defined() || !F::isFunctionalTensor(self)))
     return k.original.callBoxed(op, ks, stack);
 
   if (k.kind == FixKind::kDetach) {
@@ -141,6 +186,19 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
     }
     return k.original.callBoxed(op, ks, stack);
   }
+  if (k.kind == FixKind::kInplace || k.kind == FixKind::kOut) {
+    if (CheckMutationDevices(op, *stack, num_args)) {
+      // self.copy_(spmd_src) with a host self: copy the source's host value.
+      at::Tensor src = (*stack)[stack->size() - num_args + 1].toTensor();
+      at::Tensor host_src = src.to(self.device());
+      self.copy_(host_src);
+      torch::jit::drop(*stack, num_args);
+      stack->push_back(self);
+      return;
+    }
+  }
+  if (k.kind == FixKind::kOut || !self.defined() || !F::isFunctionalTensor(self))
+    return k.original.callBoxed(op, ks, stack);
   if (k.kind == FixKind::kInplace) {
     std::vector<int64_t> sizes = self.sizes().vec(), strides = self.strides().vec();
     int64_t offset = self.storage_offset();
@@ -157,7 +215,19 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
     return;
   }
   int64_t offset = self.storage_offset();
-  k.original.callBoxed(op, ks, stack);
+  std::string input = runtime::TypeOf(self).ToString();
+  try {
+    k.original.callBoxed(op, ks, stack);
+  } catch (const std::exception& e) {
+    // A view's output shape is inferred here (by a meta kernel, some written in Python), before
+    // the recorder sees the op: name the op and its input like the recorder does. c10 error
+    // subclasses such as IndexError keep their type.
+    auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    if (c10_error && typeid(e) != typeid(c10::Error)) throw;
+    ClearPendingPythonError(e);
+    TORCH_CHECK(false, op.schema().name(), ": cannot infer the output shape for input (self=",
+                input, "): ", c10_error ? c10_error->what_without_backtrace() : e.what());
+  }
   if (offset == 0) return;
   auto shift = [offset](const at::Tensor& t) {
     if (t.defined() && F::isFunctionalTensor(t))
@@ -174,9 +244,14 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
 // Which fix `schema` needs, if any.
 c10::optional<FixKind> ClassifyForFix(const c10::OperatorName& name,
                                       const c10::FunctionSchema& schema) {
-  if (schema.arguments().empty() || schema.returns().empty()) return c10::nullopt;
+  if (schema.arguments().empty()) return c10::nullopt;
   const auto& in = schema.arguments()[0].alias_info();
-  const auto& out = schema.returns()[0].alias_info();
+  const auto& out = schema.returns().empty() ? in : schema.returns()[0].alias_info();
+  if (!in || !in->isWrite()) {
+    // out= variants (and other ops writing a later argument): device check only.
+    for (const c10::Argument& a : schema.arguments())
+      if (a.alias_info() && a.alias_info()->isWrite()) return FixKind::kOut;
+  }
   if (!in || !out || in->isWrite() != out->isWrite()) return c10::nullopt;
   if (!in->isWrite()) {
     static const auto* absolute = new std::unordered_set<std::string>{

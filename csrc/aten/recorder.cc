@@ -327,6 +327,8 @@ void PyGILState_Release(int) __attribute__((weak));
 void PyErr_Clear(void) __attribute__((weak));
 }
 
+}  // namespace
+
 void ClearPendingPythonError(const std::exception& e) {
   if (dynamic_cast<const c10::Error*>(&e)) return;  // a C++ kernel's error: nothing pending
   if (!Py_IsInitialized || !PyGILState_Ensure || !PyGILState_Release || !PyErr_Clear) return;
@@ -335,8 +337,6 @@ void ClearPendingPythonError(const std::exception& e) {
   PyErr_Clear();
   PyGILState_Release(state);
 }
-
-}  // namespace
 
 void RecordReshapeAliasAsView(OpPlan& plan, torch::jit::Stack* stack) {
   static const c10::OperatorHandle view_copy =

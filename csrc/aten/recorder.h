@@ -30,6 +30,10 @@ void AnswerFromMetadata(OpPlan& plan, torch::jit::Stack* stack);
 // so they must not reach the kernel (XLA lowers it the same way).
 void RecordReshapeAliasAsView(OpPlan& plan, torch::jit::Stack* stack);
 
+// After handling an exception from a kernel written in Python (torch's python_error), clears
+// the Python error indicator it left set. No-op for C++ (c10) errors.
+void ClearPendingPythonError(const std::exception& e);
+
 // Records a node for an internal or ATen op built in C++ (not through the dispatcher) and
 // returns its output values.
 ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,
