@@ -139,6 +139,11 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
     if (args[i].is_write && args[i].type == ir::ArgType::kTensor && !returned)
       plan->written_args.push_back(static_cast<int>(i));
   }
+  bool has_generator = std::any_of(args.begin(), args.end(), [](const ir::ArgSchema& a) {
+    return a.type == ir::ArgType::kGenerator;
+  });
+  plan->reseed_default_generator =
+      !has_generator && op.hasTag(at::Tag::nondeterministic_seeded);
   plan->info = ir::InternOp(qualified, std::move(args), static_cast<int>(schema.returns().size()));
   plan->special = FindSpecialKernel(qualified);
   if (!plan->special && IsMetadataQuery(qualified)) plan->special = AnswerFromMetadata;

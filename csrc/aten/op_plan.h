@@ -34,6 +34,10 @@ struct OpPlan {
   // native_batch_norm, whose schema does not even annotate them). Recorded as extra node
   // outputs after the returns; the argument's slot takes that value.
   std::vector<int> written_args;
+  // A random op (tag nondeterministic_seeded) without a Generator argument (rand, randn,
+  // native_dropout, ...): the recorder appends a seed after its schema arguments, and replay
+  // reseeds the default CPU generator with it around the kernel (see kGenerator in recorder.cc).
+  bool reseed_default_generator = false;
   SpecialKernel special = nullptr;
   bool eager_only = false;        // never recorded: run on the host (data-dependent, etc.)
   const char* eager_reason = "";

@@ -1,6 +1,7 @@
 #include "aten/recorder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -69,6 +70,13 @@ class ArgConverter {
 
   void Convert(size_t i, const c10::IValue& v) {
     const ir::ArgSchema& schema = plan_.info->args[i];
+    if (schema.type == ir::ArgType::kGenerator) {  // usually None: the default generator
+      args_.push_back(SeedArg(v.isNone() ? at::detail::getDefaultCPUGenerator()
+                                         : v.toGenerator()));
+      meta_.push_back(c10::IValue());
+      Mix(7);
+      return;
+    }
     if (v.isNone()) {
       args_.push_back(Arg::None());
       meta_.push_back(v);
@@ -133,11 +141,6 @@ class ArgConverter {
         meta_.push_back(c10::IValue(c10::Device(c10::kMeta)));
         Mix(4);
         return;
-      case ir::ArgType::kGenerator:
-        // Replay draws from the host's default generator.
-        args_.push_back(Arg::None());
-        meta_.push_back(c10::IValue());
-        return;
       default:
         args_.push_back(ConvertPlain(schema.type, v));
         meta_.push_back(v);
@@ -146,6 +149,26 @@ class ArgConverter {
     }
   }
 
+ public:
+  // A random op draws its seed at record time, from the generator it was given (or the
+  // default CPU generator), and replays with a generator seeded with it (ops without a
+  // Generator argument get the seed as an extra trailing arg; replay reseeds the default
+  // generator around the kernel). So a node gives the same values every time it runs: it runs
+  // again when a later graph needs it (its output and a value computed from it may be synced
+  // separately; dropout's mask feeds the backward), and torch.manual_seed makes device
+  // randomness reproducible. The seed is a run-time scalar: it does not change the graph key.
+  static Arg SeedArg(at::Generator gen) {
+    Arg a;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      a.i = static_cast<int64_t>(at::check_generator<at::CPUGeneratorImpl>(gen)->random64() >> 1);
+    }
+    a.kind = Arg::Kind::kScalarInt;
+    a.dynamic = true;
+    return a;
+  }
+
+ private:
   Arg ConvertPlain(ir::ArgType type, const c10::IValue& v) {
     switch (type) {
       case ir::ArgType::kInt:
@@ -511,6 +534,8 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
     shapes.types.push_back(conv.inputs[conv.args()[arg].i].type());
   }
 
+  if (plan.reseed_default_generator)
+    conv.args().push_back(ArgConverter::SeedArg(at::detail::getDefaultCPUGenerator()));
   torch::jit::Stack view_meta_args;
   if (plan.view_op) view_meta_args = conv.meta();
   ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),

@@ -1,6 +1,7 @@
 #include "runtime/executable.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <unordered_map>
@@ -126,6 +127,12 @@ void Executable::Lower() {
         const ir::Arg& arg = n->args()[a];
         int pos = static_cast<int>(a);
         using K = ir::Arg::Kind;
+        if (a >= schema_args.size()) {
+          // The seed the recorder appended for a random op without a Generator argument.
+          SPMD_CHECK(arg.dynamic, "unexpected extra argument of ", n->op()->qualified);
+          ins.default_generator_seed = scalar_index++;
+          continue;
+        }
         if (arg.kind == K::kTensor) {
           ins.tensor_args.emplace_back(pos, static_cast<int>(arg.i));
           if (a < schema_args.size() && schema_args[a].is_write)
@@ -133,7 +140,8 @@ void Executable::Lower() {
         } else if (arg.kind == K::kTensorList || arg.kind == K::kOptTensorList) {
           ins.list_args.push_back({pos, arg.ints, arg.kind == K::kOptTensorList});
         } else if (arg.dynamic) {
-          ins.scalar_args.push_back({pos, scalar_index++, arg.wrapped});
+          bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
+          ins.scalar_args.push_back({pos, scalar_index++, arg.wrapped, generator});
         }
         ins.stack.push_back(ConstantIValue(arg));
       }
@@ -211,10 +219,40 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
       }
     }
     for (const auto& sa : ins.scalar_args) {
+      if (sa.generator) {
+        // The seed the recorder drew for this random op: same values on every run.
+        stack[sa.position] = c10::IValue(at::make_generator<at::CPUGeneratorImpl>(
+            static_cast<uint64_t>(scalars.at(sa.scalar_index).i)));
+        continue;
+      }
       c10::Scalar s = ToScalar(scalars.at(sa.scalar_index));
       stack[sa.position] = sa.wrapped ? c10::IValue(WrappedNumber(s)) : c10::IValue(s);
     }
-    kernel.callBoxed(&stack);
+    if (ins.default_generator_seed >= 0) {
+      // Reseed the default CPU generator with the recorded seed for this kernel only, so the
+      // node draws the same values on every run, and restore it: replay must not perturb the
+      // host's random stream.
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      at::Tensor saved;
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        saved = gen.get_state();
+        gen.set_current_seed(static_cast<uint64_t>(scalars.at(ins.default_generator_seed).i));
+      }
+      auto restore = [&] {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(saved);
+      };
+      try {
+        kernel.callBoxed(&stack);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
+    } else {
+      kernel.callBoxed(&stack);
+    }
     // Flatten the returns (a Tensor[] return contributes all its elements).
     std::vector<at::Tensor> outs;
     for (c10::IValue& r : stack) {

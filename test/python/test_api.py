@@ -328,3 +328,59 @@ def test_xla_model_api():
     info = xm.get_memory_info()
     assert info["bytes_limit"] > 0 and info["bytes_used"] >= 12
     assert torch_spmd.is_spmd_tensor(t) and not torch_spmd.is_spmd_tensor(torch.ones(1))
+
+
+# ---- randomness ---------------------------------------------------------------------------
+
+def test_dropout_training_mask_is_consistent():
+    x = (torch.rand(2000) + 0.5).to(DEV).requires_grad_()
+    y = F.dropout(x, 0.3, training=True)
+    y.sum().backward()
+    ratio = (y / x).detach().cpu()
+    kept = ratio != 0
+    torch.testing.assert_close(ratio[kept], torch.full((int(kept.sum()),), 1 / 0.7))
+    assert 0.6 < kept.float().mean().item() < 0.8
+    # The backward uses the very mask of the forward, although they are synced separately.
+    torch.testing.assert_close(x.grad.cpu(), kept.float() / 0.7)
+
+
+def test_random_values_are_stable_and_reproducible():
+    # A random value and values computed from it agree even when read in separate graphs.
+    a = torch.rand(5, device=DEV)
+    b = a * 2
+    assert torch.equal(a.cpu() * 2, b.cpu())
+    # torch.manual_seed makes device randomness reproducible.
+    torch.manual_seed(123)
+    r1 = torch.randn(4, device=DEV), torch.randint(0, 10, (4,), device=DEV)
+    torch.manual_seed(123)
+    r2 = torch.randn(4, device=DEV), torch.randint(0, 10, (4,), device=DEV)
+    for u, v in zip(r1, r2):
+        assert torch.equal(u.cpu(), v.cpu())
+    assert not torch.equal(r1[0].cpu(), torch.randn(4, device=DEV).cpu())
+    g = torch.Generator().manual_seed(7)
+    u = torch.rand(3, generator=g, device=DEV)
+    g.manual_seed(7)
+    assert torch.equal(u.cpu(), torch.rand(3, generator=g, device=DEV).cpu())
+
+
+def test_device_execution_does_not_disturb_host_rng():
+    torch.manual_seed(0)
+    torch.rand(3, device=DEV)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    d = torch.rand(3, device=DEV)
+    d.cpu()                              # executes the random op on the host's kernels
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_random_ops_do_not_recompile():
+    def step():
+        y = (torch.rand(4, 4, device=DEV) * 2).sum() + F.dropout(torch.ones(8, device=DEV), 0.5).sum()
+        torch_spmd.sync()
+        return y.item()
+
+    step()
+    before = metrics.counter_value("UncachedCompile")
+    values = {step() for _ in range(3)}
+    assert metrics.counter_value("UncachedCompile") == before
+    assert len(values) == 3  # and each step draws new numbers
