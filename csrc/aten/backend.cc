@@ -82,34 +82,37 @@ at::Tensor ToCopyFunctionalize(const at::Tensor& self, c10::optional<at::ScalarT
   return F::to_functional_tensor(out);
 }
 
-// Functionalization on torch 1.13 gets the *metadata* of views wrong in two ways that matter
-// to us, because autograd treats PrivateUse1 as supporting as_strided: CopySlices (the backward
-// of an in-place write through a view, e.g. a[:, 0] = 7 or a[1:3, ::2] += x) replays the view
-// on the base as as_strided(view.sizes(), view.strides(), view.storage_offset() - base offset).
+// Functionalization on torch 1.13 has four problems that reach spmd users. The first two are
+// about view *metadata*, which matters because autograd treats PrivateUse1 as supporting
+// as_strided: CopySlices (the backward of an in-place write through a view, e.g. a[:, 0] = 7
+// or a[1:3, ::2] += x) replays the view on the base as
+// as_strided(view.sizes(), view.strides(), view.storage_offset() - base offset).
 // 1. Its view kernels compute a new view's strides and storage offset on a meta copy of the
 //    input made by to_meta(), which drops the input's storage offset: every view's offset ends
 //    up relative to its immediate parent (b[1][2:] has offset 2, 6 on CPU; b[1:3, ::2] has 0).
+//    Fix: add the input's offset back (views are affine in it; as_strided takes an absolute
+//    offset and dtype views rescale it, so those are left alone).
 // 2. Its in-place kernels run the out-of-place op and replace_() the wrapper's value with the
-//    result, taking the result's metadata (a wrapper also reports its value's sizes and
-//    strides): after v = b[1, 1:]; v.fill_(7), v has the result's stride and offset 0. (View values themselves carry the view's
-//    strides: see ApplyViewLayout in recorder.cc.)
-// 1 and 2 sent gradients to the wrong elements. We wrap those Functionalize kernels: views get
-// their input's offset added back (views are affine in it; as_strided takes an absolute offset
-// and dtype views rescale it, so those are left alone), and in-place ops keep the strides of
-// the view they write to (an in-place op never changes its self's layout).
+//    result, taking the result's metadata (a wrapper reports its value's sizes and strides):
+//    after v = b[1, 1:]; v.fill_(7), v has the result's strides and offset 0. Fix: an in-place
+//    op never changes its self's layout, so restore it. (View values themselves carry the
+//    view's strides: see ApplyViewLayout in recorder.cc.)
+//    1 and 2 sent the gradients of in-place writes through views to the wrong elements.
 // 3. detach() of a view returns a shallow copy of the view wrapper, and 1.13's
 //    FunctionalTensorWrapper::shallow_copy_and_detach keeps the shared storage but drops the
 //    view's ViewMetas and generation: once the base has been mutated, the copy "regenerates"
 //    to the whole base (v = b[1]; v.mul_(2); v.detach() holds b's values, shaped like b).
-//    LTC's 'lazy' device shows the same bug. A detached view therefore becomes a new root
-//    holding the view's current value; it no longer aliases the base (in-place writes to a
-//    detached *view* do not reach the base), while detached roots keep aliasing, which
-//    zero_grad and clip_grad_norm_ rely on.
+//    LTC's 'lazy' device shows the same bug. Fix: a detached view becomes a new root holding
+//    the view's current value; it no longer aliases the base (in-place writes to a detached
+//    *view* do not reach the base), while detached roots keep aliasing, which zero_grad and
+//    clip_grad_norm_ rely on. (Tensor.data of a view cannot be fixed here: it shallow-copies
+//    without dispatching.)
 // 4. Its mutating kernels (in-place and out=) assert "mutating a non-functional tensor with a
 //    functional tensor is not allowed" (an INTERNAL ASSERT asking users to report a PyTorch
 //    bug) when a host tensor meets an spmd tensor, and accept a host computation written into
-//    an spmd out= tensor. We check devices first and raise PyTorch's usual device-mismatch
+//    an spmd out= tensor. Fix: check devices first and raise PyTorch's usual device-mismatch
 //    error; copy_ between the host and the device stays legal in both directions.
+// We wrap the Functionalize kernels of those ops (views, in-place and out= ops, detach).
 enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kDetach, kOut };
 
 // For mutating ops: raises the usual device-mismatch error when spmd tensors (functional) and

@@ -304,16 +304,17 @@ at::Tensor MetaWithLayout(const LazyImpl* impl) {
       .as_strided(impl->sizes(), impl->strides(), impl->storage_offset());
 }
 
-// Device buffers are contiguous, but a view must *describe itself* as a strided device's view
-// would: autograd on 1.13 treats PrivateUse1 as supporting as_strided, so CopySlices (in-place
+// A view must *describe itself* as a strided device's view would, whatever the layout of the
+// buffer behind it: autograd on 1.13 treats PrivateUse1 as supporting as_strided, so CopySlices (in-place
 // writes through views, e.g. a[:, 0] = 7) and view regeneration replay views of the base as
 // as_strided(view.sizes(), view.strides(), view.storage_offset()). A functionalization wrapper
 // reports its inner value's sizes and strides (custom sizes/strides policy), so each view
 // output gets the strides and storage offset that running the view op on a meta tensor with
 // its input's layout gives (layouts compose along view chains; the wrapper's own storage offset
-// is fixed in backend.cc). The values stay contiguous buffers; only as_strided-family ops
-// (whose base is always a contiguous root) interpret strides, and a non-contiguous view now
-// refuses .view() exactly where a CPU tensor would.
+// is fixed in backend.cc). Buffers keep the layout their CPU kernel gave them; the few ops that
+// interpret strides (as_strided_copy/scatter on a root, which is described as contiguous) get
+// contiguous inputs at replay (executable.cc). A non-contiguous view now refuses .view()
+// exactly where a CPU tensor would.
 void ApplyViewLayout(const OpPlan& plan, const LazyImpl* in, torch::jit::Stack meta_stack,
                      const std::vector<at::Tensor>& outputs) {
   if (!plan.view_op || !in || outputs.empty()) return;

@@ -190,3 +190,36 @@ def test_grad_clipping_and_accumulation():
                 torch_spmd.sync()
         assert float(norm) > 0
     assert_models_match(dev_model, cpu_model)
+
+
+def test_lr_schedule_changes_values_not_graphs():
+    """Python float hyper-parameters (the learning rate from a scheduler) are run-time scalars:
+    a new value each step reuses the compiled graph."""
+    def make(params):
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.5)
+        make.sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1.0 + 0.37 * step))
+        return opt
+
+    torch.manual_seed(7)
+    cpu_model = MLP()
+    dev_model = copy.deepcopy(cpu_model).to(DEV)
+    batches = make_batches("mlp", 8, torch.Generator().manual_seed(8))
+    results = {}
+    for model, device in ((cpu_model, torch.device("cpu")), (dev_model, DEV)):
+        opt = make(model.parameters())
+        losses, compiles = [], []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = compute_loss("mlp", model, x.to(device), y.to(device))
+            loss.backward()
+            opt.step()
+            make.sched.step()
+            if device == DEV:
+                torch_spmd.sync()
+                compiles.append(metrics.counter_value("UncachedCompile"))
+            losses.append(loss.item())
+        results[device.type] = (losses, compiles)
+    torch.testing.assert_close(results[DEV.type][0], results["cpu"][0], rtol=RTOL, atol=ATOL)
+    assert_models_match(dev_model, cpu_model)
+    compiles = results[DEV.type][1]
+    assert compiles[-1] == compiles[2], f"the changing learning rate recompiled: {compiles}"

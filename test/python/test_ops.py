@@ -71,6 +71,15 @@ C("float_plus_double_0dim_host", "add", lambda a, b: a + b,
   lambda r: (r.g(3, 4), Host(torch.tensor(2.5, dtype=f64))))
 C("double_0dim_device_plus_float", "mul", lambda a, b: a * b,
   lambda r: (r.g(3, 4), torch.tensor(1.5, dtype=f64)))
+C("wrapped_number_promotion", "mul add div",
+  lambda h, i, b: (h * 2.5, h + 1, i * 2.5, i / 2, b + 1, b * 1.5, i + True, h / 3),
+  lambda r: (r(3, 4, dtype=f16), r(3, 4, dtype=i32), r(3, 4, dtype=b8)))
+C("zero_dim_device_promotion", "mul add",
+  lambda a, s, i: (a * s, i + s, s * 3, a + i.sum()),
+  lambda r: (r(3, 4, dtype=f16), torch.tensor(2.5, dtype=f64), r(3, dtype=i64)))
+C("scalar_tensor_ops", "add mul",
+  lambda a: (a.sum() * 2 + 1, torch.tensor(1.0, device=a.device) * a),
+  lambda r: (r.g(3, 4),))
 C("comparisons", "eq ne lt le gt ge",
   lambda a, b: (a == b, a != b, a < b, a <= 0.5, a > b, a >= b),
   lambda r: (r(3, 4, dtype=i64, low=0, high=3), r(4, dtype=i64, low=0, high=3)))
