@@ -384,3 +384,29 @@ def test_random_ops_do_not_recompile():
     values = {step() for _ in range(3)}
     assert metrics.counter_value("UncachedCompile") == before
     assert len(values) == 3  # and each step draws new numbers
+
+
+def test_init_and_in_place_parameter_edits():
+    lin = nn.Linear(4, 3).to(DEV)
+    nn.init.zeros_(lin.bias)
+    nn.init.constant_(lin.weight, 0.5)
+    with torch.no_grad():
+        lin.weight[:, 0] = 0            # in-place through a view of a leaf parameter
+        lin.weight[1].mul_(2)
+    expected = torch.full((3, 4), 0.5)
+    expected[:, 0] = 0
+    expected[1] *= 2
+    assert torch.equal(lin.weight.cpu(), expected) and lin.bias.cpu().eq(0).all()
+    assert lin.weight.is_leaf and lin.weight.requires_grad
+    lin.bias.data = torch.ones(3).to(DEV)   # .data assignment
+    assert torch.equal(lin(torch.zeros(1, 4).to(DEV)).cpu(), torch.ones(1, 3))
+    torch.manual_seed(11)
+    nn.init.kaiming_uniform_(lin.weight)
+    first = lin.weight.cpu()
+    torch.manual_seed(11)
+    nn.init.kaiming_uniform_(lin.weight)
+    assert torch.equal(lin.weight.cpu(), first)     # seeded device init is reproducible
+    bound = 1 / 2                                    # kaiming_uniform_(a=0): sqrt(6 / fan_in)
+    assert first.abs().max().item() <= (6 / 4) ** 0.5 and first.std().item() > bound / 4
+    lin(torch.randn(2, 4).to(DEV)).sum().backward()
+    assert lin.weight.grad.shape == (3, 4)

@@ -647,6 +647,49 @@ C("poisson_gaussian_nll", "exp log",
   lambda r: (r.g(3, 4), r(3, 4, low=0.0, high=3.0), r(3, 4, low=0.5, high=2.0)), lazy=False)
 
 
+# ---- autograd patterns, empty and 0-dim tensors --------------------------------------------
+def _double_backward(x, w):
+    y = (x * w).tanh().sum()
+    (g,) = torch.autograd.grad(y, x, create_graph=True)
+    return (g ** 2).sum() + y
+
+
+def _grad_hook(x):
+    x = x * 1
+    x.register_hook(lambda g: g * 3)
+    return x.pow(2)
+
+
+def _manual_sgd(w, x):
+    loss = (x @ w).pow(2).mean()
+    (g,) = torch.autograd.grad(loss, w)
+    with torch.no_grad():
+        w2 = w.detach().clone()
+        w2 -= 0.1 * g
+        w2[:, 0] = 0
+    return w2, loss.detach()
+
+
+def _detach_inplace_nonleaf(a):
+    b = a * 2
+    c = b + 1
+    b.detach_()
+    return b, c
+
+
+C("double_backward", "tanh mul pow", _double_backward, lambda r: (r.g(3, 4), r.g(3, 4)),
+  grad_atol=1e-5)
+C("tensor_grad_hook", "pow mul", _grad_hook, lambda r: (r.g(3, 4),))
+C("manual_sgd_no_grad_update", "mm sub select_scatter", _manual_sgd, lambda r: (r.g(4, 3), r(5, 4)))
+C("detach_inplace_nonleaf", "mul add", _detach_inplace_nonleaf, lambda r: (r.g(3, 4),))
+C("empty_tensors", "cat sum mean add",
+  lambda a, e: (torch.cat([a, e]), e.sum(), e.sum(0), a[:0] + 1, e.mean(1), torch.cat([e, e], 1)),
+  lambda r: (r.g(2, 3), r.g(0, 3)))
+C("zero_dim_tensors", "mul add sum",
+  lambda a, b: (a * b, (a + 1).sum(), a.unsqueeze(0), torch.stack([a, b])),
+  lambda r: (r.g(), r.g()))
+
+
 def _ids(cases):
     names = [c.name for c in cases]
     assert len(set(names)) == len(names), "duplicate case names"
@@ -671,3 +714,4 @@ def test_op_coverage():
     """At least 80 distinct ATen ops are covered by the cases above."""
     ops = {op for c in CASES for op in c.ops}
     assert len(ops) >= 80, sorted(ops)
+
