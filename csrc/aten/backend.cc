@@ -206,6 +206,14 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
     std::vector<int64_t> sizes = self.sizes().vec(), strides = self.strides().vec();
     int64_t offset = self.storage_offset();
     k.original.callBoxed(op, ks, stack);
+    // The write was queued on the shared storage as an update that only a later sync of an
+    // alias applies. Parameters are views (nn.Parameter detaches the tensor it wraps) whose
+    // base nobody reads, so their updates queued up forever, each pinning a device buffer
+    // (26 per Adam step of a 2-layer MLP). Apply them now: the same scatters are recorded
+    // either way.
+    if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+            self.storage().unsafeGetStorageImpl()))
+      storage->apply_updates();
     // replace_() took the new value's metadata. The wrapper reports its value's sizes and
     // strides (custom sizes/strides policy), so restore self's strides on the value, and the
     // storage offset on both. (The new value may claim any layout: copy_ becomes

@@ -97,9 +97,35 @@ bool IsLayoutSensitive(const std::string& name) {
   return names->count(name) > 0;
 }
 
+// The program's nodes are the recorded IR itself, and its parameters are the data nodes that
+// hold the device buffers of the step that compiled it. The compile cache keeps executables for
+// the life of the process, so an executable keeps a private copy of the program whose parameter
+// nodes carry no data: otherwise every cached graph pinned the buffers of its first step's
+// inputs (parameters, optimizer state, batches) forever.
+partition::Program WithoutData(partition::Program p) {
+  std::unordered_map<const ir::Node*, ir::NodePtr> copies;
+  auto remap = [&](const ir::Value& v) { return ir::Value{copies.at(v.node.get()), v.index}; };
+  std::vector<ir::NodePtr> nodes;
+  nodes.reserve(p.nodes.size());
+  for (const ir::NodePtr& n : p.nodes) {
+    std::vector<ir::Value> inputs;
+    for (const ir::Value& v : n->inputs()) inputs.push_back(remap(v));
+    ir::NodePtr c = ir::MakeNode(n->op(), std::move(inputs), n->args(), n->outputs());
+    if (!n->shardings().empty()) c->set_shardings(n->shardings());
+    copies[n.get()] = c;
+    nodes.push_back(std::move(c));
+  }
+  p.nodes = std::move(nodes);
+  for (ir::NodePtr& param : p.params) param = copies.at(param.get());
+  for (ir::Value& out : p.outputs) out = remap(out);
+  return p;
+}
+
 }  // namespace
 
-Executable::Executable(partition::Program program) : program_(std::move(program)) { Lower(); }
+Executable::Executable(partition::Program program) : program_(WithoutData(std::move(program))) {
+  Lower();
+}
 
 void Executable::Lower() {
   std::unordered_map<const ir::Node*, int> first_slot;  // node -> slot of its output 0
