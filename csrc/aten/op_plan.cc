@@ -158,30 +158,25 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
     plan->eager_only = true;
     plan->eager_reason = "no meta kernel";
   }
-  if (has_meta) {
-    // Meta kernels registered from Python (torch/_meta_registrations.py) cost ~50 us a call
-    // (custom shape functions may call them too).
-    std::string table = op.dumpComputedTable();
-    auto pos = table.find("\nMeta: ");
-    if (pos == std::string::npos && table.rfind("Meta: ", 0) == 0) pos = 0;
-    if (pos != std::string::npos) {
-      auto end = table.find('\n', pos + 1);
-      plan->cache_shapes = table.substr(pos, end - pos).find("/dev/null") != std::string::npos;
-    }
-  }
   return plan;
 }
 
 }  // namespace
 
 OpPlan& GetOpPlan(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema* key = &op.schema();
+  // Plans live forever, so each thread can remember the ones it saw without locking (this runs
+  // once per recorded op).
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpPlan*> seen;
+  auto hit = seen.find(key);
+  if (hit != seen.end()) return *hit->second;
   static std::mutex mu;
   static auto* plans = new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpPlan>>();
-  const c10::FunctionSchema* key = &op.schema();
   std::lock_guard<std::mutex> lock(mu);
   auto it = plans->find(key);
-  if (it != plans->end()) return *it->second;
-  return *plans->emplace(key, BuildPlan(op)).first->second;
+  if (it == plans->end()) it = plans->emplace(key, BuildPlan(op)).first;
+  seen.emplace(key, it->second.get());
+  return *it->second;
 }
 
 }  // namespace spmd::aten

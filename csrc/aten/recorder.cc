@@ -61,7 +61,15 @@ class ArgConverter {
   bool unsupported = false;
 
   std::vector<Arg>& args() { return args_; }
-  std::vector<c10::IValue>& meta() { return meta_; }
+  // The arguments with every spmd tensor replaced by a meta tensor of its type, for shape
+  // inference. Built on first use: a shape-cache hit never needs it.
+  std::vector<c10::IValue>& meta() {
+    if (deferred_meta_) {
+      deferred_meta_ = false;
+      for (size_t i = 0; i < meta_.size(); ++i) meta_[i] = ToMeta(meta_[i], plan_.info->args[i].type);
+    }
+    return meta_;
+  }
   LazyImpl* impl(size_t arg) const { return impls_[arg]; }
   uint64_t signature() const { return signature_; }
 
@@ -218,9 +226,8 @@ class ArgConverter {
       if (impl_out) *impl_out = impl;
       any_lazy = true;
       const TensorType& type = impl->slot()->value.type();
-      *meta = at::empty(type.shape, at::TensorOptions()
-                                        .dtype(runtime::ToScalarType(type.dtype))
-                                        .device(c10::kMeta));
+      *meta = t;  // replaced by a meta tensor only if shape inference runs (see meta())
+      deferred_meta_ = true;
       Mix(HashCombine(HashInt(static_cast<int64_t>(type.dtype)), HashInts(type.shape)));
       return AddInput(impl->slot()->value);
     }
@@ -246,6 +253,33 @@ class ArgConverter {
     return Arg::Tensor(static_cast<int64_t>(inputs.size()) - 1);
   }
 
+  static at::Tensor MetaOf(const at::Tensor& t) {
+    LazyImpl* impl = t.defined() ? TryGetLazyImpl(t) : nullptr;
+    if (!impl) return t;
+    const TensorType& type = impl->slot()->value.type();
+    return at::empty(type.shape,
+                     at::TensorOptions().dtype(runtime::ToScalarType(type.dtype)).device(c10::kMeta));
+  }
+
+  // Only tensor-typed arguments are touched: every IValue list has the same tag in torch 1.13,
+  // so the schema type is what tells an int list from a list of optional tensors.
+  static c10::IValue ToMeta(const c10::IValue& v, ir::ArgType type) {
+    if (type == ir::ArgType::kTensor && v.isTensor()) return MetaOf(v.toTensor());
+    if (type == ir::ArgType::kTensorList && v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(MetaOf(t));
+      return list;
+    }
+    if (type == ir::ArgType::kOptionalTensorList && v.isList()) {
+      c10::List<c10::optional<at::Tensor>> list;
+      for (const c10::IValue& e : v.toListRef())
+        list.push_back(e.isNone() ? c10::optional<at::Tensor>() : MetaOf(e.toTensor()));
+      return list;
+    }
+    return v;
+  }
+
+  bool deferred_meta_ = false;
   const OpPlan& plan_;
   std::vector<Arg> args_;
   std::vector<c10::IValue> meta_;
@@ -484,11 +518,12 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
 
   ShapeResult shapes;
   bool cached = false;
-  if (plan.cache_shapes) {
+  {
     std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
     auto it = plan.shape_cache.find(conv.signature());
     if (it != plan.shape_cache.end()) {
-      shapes.types = it->second;
+      shapes.types = it->second.types;
+      shapes.counts = it->second.counts;
       cached = true;
     }
   }
@@ -514,9 +549,10 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
                     inputs, ": ", e.what());
       }
     }
-    if (plan.cache_shapes) {
+    {
       std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
-      plan.shape_cache.emplace(conv.signature(), shapes.types);
+      if (plan.shape_cache.size() >= OpPlan::kMaxCachedShapes) plan.shape_cache.clear();
+      plan.shape_cache.emplace(conv.signature(), OpPlan::CachedShapes{shapes.types, shapes.counts});
     }
   }
   if (shapes.counts.empty()) shapes.counts.assign(shapes.types.size(), 1);
