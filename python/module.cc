@@ -1,6 +1,11 @@
 // torch_spmd._C: bindings only. Logic lives in csrc/.
 #include <torch/csrc/utils/pybind.h>
 
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <chrono>
+
 #include "bindings.h"
 
 #include "aten/backend.h"
@@ -88,6 +93,18 @@ void BindGraph(py::module_& m) {
   m.def("_compile_cache_size", [] { return runtime::CompileCache::Get().size(); });
   m.def("_clear_compile_cache", [] { runtime::CompileCache::Get().Clear(); });
   m.def("_live_tensor_count", &aten::LiveSlotCount);
+  // Seconds to call the boxed CPU kernel of aten::add.Tensor on 4x4 floats `n` times: the
+  // kernel cost that benchmarks/overhead.py subtracts from per-node replay time.
+  m.def("_time_boxed_add", [](int64_t n) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::add", "Tensor");
+    at::Tensor a = at::randn({4, 4}), b = at::randn({4, 4});
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<c10::IValue> stack{a, b, c10::Scalar(1)};
+      op.callBoxed(&stack);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
 }
 
 }  // namespace

@@ -16,6 +16,10 @@ TensorType TypeOf(const at::Tensor& t) {
 }
 
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label) {
+  return MakeBuffer(device, std::move(tensor), InternLabel(label));
+}
+
+BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* label) {
   auto buf = std::make_shared<DeviceBuffer>();
   int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
   buf->alloc = DeviceSet::Get().Allocate(device, bytes, label);

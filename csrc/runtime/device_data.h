@@ -20,6 +20,7 @@ using BufferPtr = std::shared_ptr<DeviceBuffer>;
 
 // Wraps `tensor` as device `device`'s buffer, charging its bytes to that device.
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label);
+BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* interned_label);
 // One buffer per device, all sharing `tensor` (a replicated value).
 std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label);
 

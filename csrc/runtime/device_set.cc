@@ -106,6 +106,10 @@ DeviceSet::DeviceSet(int64_t num_devices, int64_t bytes_per_device)
 }
 
 Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string& label) {
+  return Allocate(device, bytes, InternLabel(label));
+}
+
+Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string* label) {
   std::lock_guard<std::mutex> lock(mu_);
   SPMD_CHECK(device >= 0 && device < num_devices(), "device index ", device,
              " out of range for ", num_devices(), " devices");
@@ -121,7 +125,7 @@ Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string&
       largest += StrCat("\n  ", FormatBytes(live[i].first), "  ", live[i].second);
     throw OutOfMemoryError(StrCat(
         "Out of memory on spmd device ", device, ": allocating ", bytes, " bytes (",
-        FormatBytes(bytes), ") for ", label, " needs ", d.stats.bytes_used + bytes,
+        FormatBytes(bytes), ") for ", *label, " needs ", d.stats.bytes_used + bytes,
         " bytes but the device capacity is ", d.stats.bytes_limit, " bytes (",
         FormatBytes(d.stats.bytes_limit), "); ", d.stats.bytes_used, " bytes are in use by ",
         d.stats.num_buffers, " buffers. Largest live buffers:", largest.empty() ? " none" : largest,
@@ -133,11 +137,11 @@ Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string&
   a.bytes_ = bytes;
   if (d.free_slots.empty()) {
     a.id_ = d.slots.size();
-    d.slots.emplace_back(bytes, InternLabel(label));
+    d.slots.emplace_back(bytes, label);
   } else {
     a.id_ = d.free_slots.back();
     d.free_slots.pop_back();
-    d.slots[a.id_] = {bytes, InternLabel(label)};
+    d.slots[a.id_] = {bytes, label};
   }
   d.stats.bytes_used += bytes;
   d.stats.num_buffers += 1;

@@ -58,6 +58,8 @@ class DeviceSet {
   // Claims `bytes` on `device`. Throws spmd::OutOfMemoryError naming the device, the bytes
   // needed, the capacity and the largest live buffers when it does not fit.
   Allocation Allocate(int64_t device, int64_t bytes, const std::string& label);
+  // Same, with a label already interned by InternLabel (no string work: the executor's path).
+  Allocation Allocate(int64_t device, int64_t bytes, const std::string* interned_label);
   DeviceStats Stats(int64_t device) const;
   void ResetPeak(int64_t device);  // peak := current use
   void ResetAllPeaks();

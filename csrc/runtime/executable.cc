@@ -153,6 +153,8 @@ void Executable::Lower() {
         ins.stack.push_back(ConstantIValue(arg));
       }
     }
+    for (int o = 0; o < n->num_outputs(); ++o)
+      ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
     instructions_.push_back(std::move(ins));
   }
 
@@ -211,7 +213,6 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
   }
 
   std::vector<SlotValue> results(ins.outputs.size(), SlotValue(num_devices));
-  std::string label;
   for (const auto& group : groups) {
     size_t dev = group[0];
     std::vector<c10::IValue> stack = ins.stack;
@@ -307,8 +308,7 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
                      FromScalarType(outs[o].scalar_type()) == want.dtype,
                  "internal error: ", node.op()->qualified, " produced ",
                  TypeOf(outs[o]).ToString(), " where the program expects ", want.ToString());
-      if (label.empty()) label = node.op()->qualified + " -> " + want.ToString();
-      for (size_t d : group) results[o][d] = MakeBuffer(d, outs[o], label);
+      for (size_t d : group) results[o][d] = MakeBuffer(d, outs[o], ins.labels[o]);
     }
   }
   for (size_t o = 0; o < ins.outputs.size(); ++o) slots[ins.outputs[o]] = std::move(results[o]);
