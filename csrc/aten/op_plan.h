@@ -50,7 +50,6 @@ struct OpPlan {
   // loop repeats its signatures, so steady-state recording never runs a meta kernel (which
   // costs ~1 us in C++ and ~50 us for the ones registered from Python).
   static constexpr size_t kMaxCachedShapes = 4096;
-  std::mutex cache_mu;
   struct CachedShapes {
     std::vector<TensorType> types;
     std::vector<int> counts;  // outputs per return

@@ -518,8 +518,7 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
 
   ShapeResult shapes;
   bool cached = false;
-  {
-    std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
+  {  // GraphMutex (held by LazyFallback) guards the plan's shape cache
     auto it = plan.shape_cache.find(conv.signature());
     if (it != plan.shape_cache.end()) {
       shapes.types = it->second.types;
@@ -550,7 +549,6 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
       }
     }
     {
-      std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
       if (plan.shape_cache.size() >= OpPlan::kMaxCachedShapes) plan.shape_cache.clear();
       plan.shape_cache.emplace(conv.signature(), OpPlan::CachedShapes{shapes.types, shapes.counts});
     }
@@ -578,7 +576,13 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
   ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
                                   shapes.types);
   bool factory = !conv.any_lazy;
-  std::vector<c10::IValue> original_args(args.begin(), args.end());
+  // In-place and out= ops return the argument they wrote: keep those before the stack drops.
+  std::vector<c10::IValue> original_args;
+  for (int alias : plan.return_alias)
+    if (alias >= 0) {
+      original_args.assign(args.begin(), args.end());
+      break;
+    }
   torch::jit::drop(*stack, num_args);
   std::vector<at::Tensor> view_outputs;  // outputs that get a view layout
   int out = 0;

@@ -111,6 +111,24 @@ Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string&
 
 Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string* label) {
   std::lock_guard<std::mutex> lock(mu_);
+  return AllocateLocked(device, bytes, label);
+}
+
+std::vector<Allocation> DeviceSet::AllocateOnEach(const std::vector<size_t>& devices,
+                                                  int64_t bytes, const std::string* label) {
+  std::vector<Allocation> out;
+  out.reserve(devices.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  try {
+    for (size_t d : devices) out.push_back(AllocateLocked(static_cast<int64_t>(d), bytes, label));
+  } catch (...) {
+    lock.unlock();  // the allocations made so far release the lock-taking Free on unwind
+    throw;
+  }
+  return out;
+}
+
+Allocation DeviceSet::AllocateLocked(int64_t device, int64_t bytes, const std::string* label) {
   SPMD_CHECK(device >= 0 && device < num_devices(), "device index ", device,
              " out of range for ", num_devices(), " devices");
   Device& d = devices_[device];
@@ -163,6 +181,23 @@ const std::string* InternLabel(const std::string& label) {
   static auto* labels = new std::unordered_set<std::string>();
   std::lock_guard<std::mutex> lock(mu);
   return &*labels->insert(label).first;
+}
+
+void DeviceSet::ReleaseAll(const std::vector<Allocation*>& allocs) {
+  DeviceSet* owner = nullptr;
+  for (Allocation* a : allocs)
+    if (a->owner_) owner = a->owner_;
+  if (!owner) return;
+  std::lock_guard<std::mutex> lock(owner->mu_);
+  for (Allocation* a : allocs) {
+    if (!a->owner_) continue;
+    Device& d = owner->devices_[a->device_];
+    d.stats.bytes_used -= a->bytes_;
+    d.stats.num_buffers -= 1;
+    d.slots[a->id_] = {0, nullptr};
+    d.free_slots.push_back(a->id_);
+    a->owner_ = nullptr;
+  }
 }
 
 DeviceStats DeviceSet::Stats(int64_t device) const {

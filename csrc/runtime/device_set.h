@@ -60,6 +60,11 @@ class DeviceSet {
   Allocation Allocate(int64_t device, int64_t bytes, const std::string& label);
   // Same, with a label already interned by InternLabel (no string work: the executor's path).
   Allocation Allocate(int64_t device, int64_t bytes, const std::string* interned_label);
+  // Claims `bytes` on each of `devices` under one lock (a replicated result's buffers).
+  std::vector<Allocation> AllocateOnEach(const std::vector<size_t>& devices, int64_t bytes,
+                                         const std::string* interned_label);
+  // Releases every allocation in `allocs` (all of this device set) under one lock.
+  static void ReleaseAll(const std::vector<Allocation*>& allocs);
   DeviceStats Stats(int64_t device) const;
   void ResetPeak(int64_t device);  // peak := current use
   void ResetAllPeaks();
@@ -69,6 +74,7 @@ class DeviceSet {
   friend class Allocation;
   DeviceSet(int64_t num_devices, int64_t bytes_per_device);
   void Free(int64_t device, uint64_t slot, int64_t bytes);
+  Allocation AllocateLocked(int64_t device, int64_t bytes, const std::string* label);
 
   // Live buffers per device, for the out-of-memory report: a slot table with a free list, so
   // allocating and freeing (once per buffer per device on every step) never allocates memory.

@@ -304,11 +304,12 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
       }
       SPMD_CHECK(outs[o].defined(), "internal error: ", node.op()->qualified,
                  " produced no output ", o, " where the program expects ", want.ToString());
-      SPMD_CHECK(outs[o].sizes().vec() == want.shape &&
+      c10::IntArrayRef got = outs[o].sizes();
+      SPMD_CHECK(std::equal(got.begin(), got.end(), want.shape.begin(), want.shape.end()) &&
                      FromScalarType(outs[o].scalar_type()) == want.dtype,
                  "internal error: ", node.op()->qualified, " produced ",
                  TypeOf(outs[o]).ToString(), " where the program expects ", want.ToString());
-      for (size_t d : group) results[o][d] = MakeBuffer(d, outs[o], ins.labels[o]);
+      MakeSharedBuffers(group, outs[o], ins.labels[o], results[o]);
     }
   }
   for (size_t o = 0; o < ins.outputs.size(); ++o) slots[ins.outputs[o]] = std::move(results[o]);
