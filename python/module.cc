@@ -74,17 +74,21 @@ void BindGraph(py::module_& m) {
   m.def("_partitioned_program", &aten::PartitionedProgramText);
   m.def("_last_step_stats", [] {
     partition::ProgramStats s = aten::LastStepStats();
-    py::list collectives;
-    for (const auto& c : s.collectives) {
-      py::dict d;
-      d["kind"] = c.kind;
-      d["axes"] = c.axes;
-      d["group_size"] = c.group_size;
-      d["bytes"] = c.bytes;
-      collectives.append(d);
-    }
+    auto to_list = [](const std::vector<partition::CollectiveStat>& stats) {
+      py::list out;
+      for (const auto& c : stats) {
+        py::dict d;
+        d["kind"] = c.kind;
+        d["axes"] = c.axes;
+        d["group_size"] = c.group_size;
+        d["bytes"] = c.bytes;
+        out.append(d);
+      }
+      return out;
+    };
     py::dict d;
-    d["collectives"] = collectives;
+    d["collectives"] = to_list(s.collectives);
+    d["pending_reductions"] = to_list(s.pending_reductions);
     d["peak_bytes_per_device"] = s.peak_bytes_per_device;
     d["flops_per_device"] = s.flops_per_device;
     d["replicated_fallback_ops"] = s.replicated_fallback_ops;
