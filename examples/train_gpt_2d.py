@@ -2,9 +2,10 @@
 
 Megatron-style tensor parallelism over 'tensor' (attention heads and MLP hidden units split;
 see ``tiny_gpt.megatron_spec``) combined with FSDP over 'fsdp' (each weight's other dim split,
-and the batch split along 'fsdp'). Only parameters and inputs are annotated; the partitioner
-propagates the layouts through the model and inserts the collectives. The corpus is the
-source of two Python standard-library modules, read offline.
+and the batch split along 'fsdp'). Parameters and inputs are annotated, plus a few activation
+hints that pin the Megatron layouts inside each block (``tiny_gpt.annotate_2d_activations``,
+off with ``--no-activation-hints``); the partitioner propagates the rest and inserts the
+collectives. The corpus is the source of two Python standard-library modules, read offline.
 
   PYTHONPATH=. python3 examples/train_gpt_2d.py                # (4, 2) mesh, ~1 minute
   PYTHONPATH=. python3 examples/train_gpt_2d.py --tensor 4     # (2, 4) mesh
@@ -27,6 +28,8 @@ def parse_args(argv=None):
     p.add_argument("--devices", type=int, default=8, help="emulated devices (SPMD_NUM_DEVICES)")
     p.add_argument("--tensor", type=int, default=2, help="size of the 'tensor' mesh axis")
     p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--no-activation-hints", action="store_true",
+                   help="annotate parameters and inputs only (see annotate_2d_activations)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -45,7 +48,8 @@ def main(argv=None):
     import torch_spmd.runtime as xr
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tiny_gpt import GPT, GPTConfig, batch_at, corpus, lm_loss, shard_2d, split
+    from tiny_gpt import (GPT, GPTConfig, annotate_2d_activations, batch_at, corpus, lm_loss,
+                          shard_2d, split)
 
     torch.manual_seed(args.seed)
     xr.use_spmd()
@@ -60,6 +64,8 @@ def main(argv=None):
                     n_embd=args.n_embd)
     model = GPT(cfg).to(dev)
     shard_2d(model, mesh)
+    if not args.no_activation_hints:
+        annotate_2d_activations(model, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     train_data, val_data = split(corpus())
     n_params = sum(p.numel() for p in model.parameters())
@@ -89,6 +95,7 @@ def main(argv=None):
     for c in stats["collectives"]:
         key = f"{c['kind']}{c['axes']}"
         kinds[key] = kinds.get(key, 0) + 1
+    moved = sum(c["bytes"] for c in stats["collectives"])
 
     with torch.no_grad():
         val = []
@@ -97,7 +104,8 @@ def main(argv=None):
             xb, yb = xm.send_cpu_data_to_device((x, y), dev, input_sharding=input_sharding)
             val.append(lm_loss(model(xb), yb).item())
     print(f"{len(losses)} steps in {time.time() - t0:.1f}s; collectives per training step "
-          f"(kind[axes]): {kinds}; peak bytes/device {stats['peak_bytes_per_device']}")
+          f"(kind[axes]): {kinds}, {moved / 2**20:.2f} MiB per device; peak "
+          f"{stats['peak_bytes_per_device'] / 2**20:.2f} MiB per device")
     recent = sum(losses[-10:]) / max(1, len(losses[-10:]))
     val_loss = sum(val) / max(1, len(val))
     print(f"final loss: train {recent:.4f} (mean of last 10 steps), validation {val_loss:.4f} "
