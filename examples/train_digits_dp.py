@@ -19,14 +19,16 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="global batch (all devices)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--devices", type=int, default=8, help="emulated devices (SPMD_NUM_DEVICES)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="emulated devices (default: $SPMD_NUM_DEVICES, else 8)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ.setdefault("SPMD_NUM_DEVICES", str(args.devices))  # read at first device use
+    if args.devices:  # read by torch_spmd when it creates the devices, so set it before
+        os.environ["SPMD_NUM_DEVICES"] = str(args.devices)
 
     import numpy as np
     import torch

@@ -25,7 +25,8 @@ def parse_args(argv=None):
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--devices", type=int, default=8, help="emulated devices (SPMD_NUM_DEVICES)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="emulated devices (default: $SPMD_NUM_DEVICES, else 8)")
     p.add_argument("--tensor", type=int, default=2, help="size of the 'tensor' mesh axis")
     p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--no-activation-hints", action="store_true",
@@ -36,7 +37,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ.setdefault("SPMD_NUM_DEVICES", str(args.devices))  # read at first device use
+    if args.devices:  # read by torch_spmd when it creates the devices, so set it before
+        os.environ["SPMD_NUM_DEVICES"] = str(args.devices)
 
     import numpy as np
     import torch

@@ -9,8 +9,8 @@ standard-library modules, read offline.
 With ``--ckpt-dir`` the run saves sharded checkpoints (``CheckpointManager``, every
 ``--ckpt-every`` steps, atomically) and resumes from the latest one when started again.
 
-  PYTHONPATH=. python3 examples/train_gpt_fsdpv2.py                  # ~1 minute on 2 cores
-  PYTHONPATH=. python3 examples/train_gpt_fsdpv2.py --dp 2           # mesh ('data', 'fsdp') = (2, 4)
+  PYTHONPATH=. python3 examples/train_gpt_fsdpv2.py              # ~1 minute on 2 cores
+  PYTHONPATH=. python3 examples/train_gpt_fsdpv2.py --dp 2       # mesh ('data', 'fsdp') = (2, 4)
   PYTHONPATH=. python3 examples/train_gpt_fsdpv2.py --ckpt-dir /tmp/gpt --steps 100
   PYTHONPATH=. python3 examples/train_gpt_fsdpv2.py --ckpt-dir /tmp/gpt --steps 200  # resumes
 """
@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--devices", type=int, default=8, help="emulated devices (SPMD_NUM_DEVICES)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="emulated devices (default: $SPMD_NUM_DEVICES, else 8)")
     p.add_argument("--dp", type=int, default=1,
                    help="size of an extra 'data' mesh axis (FSDPv2 extra_data_axis)")
     p.add_argument("--no-auto-wrap", action="store_true",
@@ -44,7 +45,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ.setdefault("SPMD_NUM_DEVICES", str(args.devices))  # read at first device use
+    if args.devices:  # read by torch_spmd when it creates the devices, so set it before
+        os.environ["SPMD_NUM_DEVICES"] = str(args.devices)
 
     import numpy as np
     import torch

@@ -9,7 +9,6 @@ import os
 import re
 import sys
 import types
-import warnings
 
 import numpy as np
 import pytest

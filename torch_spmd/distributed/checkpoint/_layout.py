@@ -50,7 +50,7 @@ def device_shards(sharding: str, shape: Sequence[int]) -> List[DeviceShard]:
     dims, devices = list(ta["dims"]), list(ta["devices"])
     rank = len(shape)
     tiles = dims[:rank]
-    sizes = [math.ceil(d / t) if t > 0 else d for d, t in zip(shape, tiles)]
+    sizes = [math.ceil(d / t) for d, t in zip(shape, tiles)]
     out = []
     for position, device in enumerate(devices):
         coords = np.unravel_index(position, dims)

@@ -4,7 +4,7 @@ Capturing is the only part of a save that touches the device; what it returns is
 data, so writing it can happen later or on another thread (``CheckpointManager.save_async``).
 """
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 

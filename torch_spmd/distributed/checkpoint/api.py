@@ -1,6 +1,6 @@
 """``save_sharded`` / ``load_sharded``: sharded checkpoints that reshard on load."""
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
