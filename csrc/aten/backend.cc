@@ -17,6 +17,7 @@
 
 #include "aten/lazy_tensor.h"
 #include "aten/recorder.h"
+#include "aten/sharding_api.h"
 #include "runtime/device_data.h"
 
 namespace spmd::aten {
@@ -205,7 +206,10 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
   if (k.kind == FixKind::kInplace) {
     std::vector<int64_t> sizes = self.sizes().vec(), strides = self.strides().vec();
     int64_t offset = self.storage_offset();
+    LazyImpl* before = TryGetLazyImpl(self);
+    SlotPtr previous = before ? before->slot() : nullptr;
     k.original.callBoxed(op, ks, stack);
+    CarryAnnotation(previous, self);  // the user's sharding stays with the tensor
     // The write was queued on the shared storage as an update that only a later sync of an
     // alias applies. Parameters are views (nn.Parameter detaches the tensor it wraps) whose
     // base nobody reads, so their updates queued up forever, each pinning a device buffer
