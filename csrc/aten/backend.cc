@@ -106,6 +106,7 @@ void RegisterBackend() {
     static auto* functionalize = new torch::Library(
         torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
     functionalize->impl("_to_copy", TORCH_FN(ToCopyFunctionalize));
+    RegisterInplaceUpdateFolding();
   });
 }
 

@@ -11,4 +11,9 @@ void RegisterBackend();
 // Number of ops captured that way (for diagnostics).
 int NumCapturedOps();
 
+// Drains torch 1.13's functionalization update queue right after every in-place / out= op, as
+// torch >= 2.0 does, so superseded values of tensors updated in place are released
+// (inplace_updates.cc). Called by RegisterBackend.
+void RegisterInplaceUpdateFolding();
+
 }  // namespace spmd::aten

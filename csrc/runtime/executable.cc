@@ -207,6 +207,11 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
       const TensorType& want = node.output(o);
       // An output masked off (convolution_backward's output_mask): the kernel returns none.
       if (want.dtype == DType::kUndefined && !outs[o].defined()) continue;
+      // Values are logically contiguous: the recorder's shape inference and functionalization
+      // (e.g. _reshape_alias_copy's explicit strides) assume the contiguous layout the lazy
+      // tensors report. CPU kernels may return other layouts (transpose_copy's clone keeps the
+      // transposed strides), which a later stride-sensitive op would misread.
+      if (!outs[o].is_contiguous()) outs[o] = outs[o].contiguous();
       SPMD_CHECK(outs[o].sizes().vec() == want.shape &&
                      FromScalarType(outs[o].scalar_type()) == want.dtype,
                  "internal error: ", node.op()->qualified, " produced ",
