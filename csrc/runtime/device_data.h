@@ -33,6 +33,10 @@ class DeviceData final : public ir::DataHandle {
   const std::vector<BufferPtr>& shards() const { return shards_; }
   const at::Tensor& shard(int64_t device) const { return shards_.at(device)->tensor; }
   bool is_replicated() const { return !sharding_.valid() || sharding_.IsReplicated(); }
+  // Donation, the one exception to immutability: hands the buffers to a program that is the
+  // last reader of this data (it frees them after their last use) and leaves this empty.
+  std::vector<BufferPtr> TakeShards() { return std::move(shards_); }
+  bool donated() const { return shards_.empty(); }
 
   // Lays a host tensor out over the devices: each device gets its (zero-padded) shard.
   static std::shared_ptr<DeviceData> FromHost(const at::Tensor& host, const Sharding& sharding);

@@ -3,9 +3,12 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "runtime/internal_kernels.h"
 
@@ -138,10 +141,53 @@ void Executable::Lower() {
   for (auto& ins : instructions_)
     for (int s : ins.outputs)
       if (last_use[s] == -1) ins.free_after.push_back(s);
+
+  // Zero-copy views (view_aliasing.h). A strided (permuted) result must stay inside the
+  // program and reach only kernels that accept any strides.
+  std::vector<bool> strided_ok(num_slots_, true);
+  for (int s : output_slots_) strided_ok[s] = false;
+  for (auto& ins : instructions_) {
+    bool internal = ins.node->op()->internal;
+    ins.contiguous_inputs = IsStrideSensitive(ins.node->op());
+    if (internal || ins.contiguous_inputs)
+      for (int s : ins.inputs) strided_ok[s] = false;
+  }
+  for (auto& ins : instructions_) {
+    if (ins.node->op()->internal || !ins.mutable_inputs.empty()) continue;
+    ins.alias = ViewAliasOf(*ins.node);
+    if (ins.alias == ViewAlias::kPermute && !strided_ok[ins.outputs[0]]) ins.alias = ViewAlias::kNone;
+  }
+}
+
+bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
+  int in = ins.inputs[0];
+  if (std::find(ins.free_after.begin(), ins.free_after.end(), in) == ins.free_after.end())
+    return false;  // read again later: keep it, copy
+  SlotValue& input = slots[in];
+  for (const BufferPtr& b : input) {
+    if (!b || b.use_count() != 1) return false;  // shared with a live tensor or another slot
+    if (ins.alias == ViewAlias::kReinterpret && !b->tensor.is_contiguous()) return false;
+  }
+  SlotValue result(input.size());
+  std::map<const void*, at::Tensor> views;  // devices sharing a host tensor share its view
+  for (size_t d = 0; d < input.size(); ++d) {
+    const at::Tensor& t = input[d]->tensor;
+    auto it = views.find(t.unsafeGetTensorImpl());
+    if (it == views.end())
+      it = views.emplace(t.unsafeGetTensorImpl(), AliasedView(*ins.node, ins.alias, t)).first;
+    auto buf = std::make_shared<DeviceBuffer>();
+    buf->tensor = it->second;
+    buf->alloc = std::move(input[d]->alloc);  // the bytes move with the data: counted once
+    result[d] = std::move(buf);
+  }
+  slots[ins.outputs[0]] = std::move(result);
+  Count("AliasedViews");
+  return true;
 }
 
 void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
                            const std::vector<ir::ScalarValue>& scalars) const {
+  if (ins.alias != ViewAlias::kNone && TryAliasInput(ins, slots)) return;
   const ir::Node& node = *ins.node;
   const c10::OperatorHandle& kernel = KernelFor(node.op());
   size_t num_devices = DeviceSet::Get().num_devices();
@@ -173,6 +219,7 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
     std::vector<c10::IValue> stack = ins.stack;
     for (const auto& [pos, input] : ins.tensor_args) {
       at::Tensor t = (*inputs[input])[dev]->tensor;
+      if (ins.contiguous_inputs) t = t.contiguous();
       for (int m : ins.mutable_inputs)
         if (m == input) t = t.clone();  // values are immutable: never write a live buffer
       stack[pos] = c10::IValue(std::move(t));
@@ -210,7 +257,8 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
       // Values are logically contiguous: the recorder's shape inference and functionalization
       // (e.g. _reshape_alias_copy's explicit strides) assume the contiguous layout the lazy
       // tensors report. CPU kernels may return other layouts (transpose_copy's clone keeps the
-      // transposed strides), which a later stride-sensitive op would misread.
+      // transposed strides), which a later stride-sensitive op would misread. (Only the
+      // zero-copy views of TryAliasInput are strided, and only where that is harmless.)
       if (!outs[o].is_contiguous()) outs[o] = outs[o].contiguous();
       SPMD_CHECK(outs[o].sizes().vec() == want.shape &&
                      FromScalarType(outs[o].scalar_type()) == want.dtype,
@@ -236,12 +284,17 @@ void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& s
 }
 
 std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& params,
-                                           const std::vector<ir::ScalarValue>& scalars) const {
+                                           const std::vector<ir::ScalarValue>& scalars,
+                                           const std::vector<bool>& donated) const {
   SPMD_CHECK(params.size() == param_slots_.size(), "program expects ", param_slots_.size(),
              " parameters, got ", params.size());
+  SPMD_CHECK(donated.empty() || donated.size() == params.size(), "program expects ",
+             params.size(), " donation flags, got ", donated.size());
   // Slots own their buffers; everything still allocated is released if a kernel throws.
   std::vector<SlotValue> slots(num_slots_);
-  for (size_t i = 0; i < params.size(); ++i) slots[param_slots_[i]] = params[i]->shards();
+  for (size_t i = 0; i < params.size(); ++i)
+    slots[param_slots_[i]] = !donated.empty() && donated[i] ? params[i]->TakeShards()
+                                                            : params[i]->shards();
   for (const Instruction& ins : instructions_) {
     if (ins.node->op()->internal) RunInternalOp(ins, slots);
     else RunAtenOp(ins, slots, scalars);

@@ -9,6 +9,7 @@
 
 #include "partition/program.h"
 #include "runtime/device_data.h"
+#include "runtime/view_aliasing.h"
 
 namespace spmd::runtime {
 
@@ -18,9 +19,12 @@ class Executable {
 
   // Runs the program. `params` are in the program's parameter order, already laid out as
   // param_shardings say; `scalars` are the graph's run-time scalars. Returns the outputs as
-  // device data. On failure nothing is left allocated and the inputs are untouched.
+  // device data. On failure nothing is left allocated and the inputs are untouched, except
+  // `donated` ones (empty = none): their buffers are taken from the DeviceData and freed after
+  // their last use in the program, as the executor does for intermediate values.
   std::vector<DeviceDataPtr> Run(const std::vector<DeviceDataPtr>& params,
-                                 const std::vector<ir::ScalarValue>& scalars) const;
+                                 const std::vector<ir::ScalarValue>& scalars,
+                                 const std::vector<bool>& donated = {}) const;
 
   const partition::Program& program() const { return program_; }
   int64_t num_instructions() const { return static_cast<int64_t>(instructions_.size()); }
@@ -47,6 +51,8 @@ class Executable {
     };
     std::vector<ScalarArg> scalar_args;
     std::vector<int> mutable_inputs;  // node input indices the kernel would write: cloned first
+    bool contiguous_inputs = false;   // a stride-sensitive op (see view_aliasing.h)
+    ViewAlias alias = ViewAlias::kNone;  // may return a view of its dying input instead
   };
   using SlotValue = std::vector<BufferPtr>;  // one buffer per device
 
@@ -54,6 +60,7 @@ class Executable {
   void RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
                  const std::vector<ir::ScalarValue>& scalars) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const;
 
   partition::Program program_;
   std::vector<Instruction> instructions_;

@@ -123,10 +123,10 @@ class DummyReduceScatter:
         assert shard_count == xr.world_size()
         self.scale = 1.0
 
-    def __call__(self, input, callback):
+    def __call__(self, input, callback, predivide=1.0):
         shard_size = input.size(0) // xr.world_size()
         begin = shard_size * xr.global_ordinal()
-        callback(input[begin:begin + shard_size])
+        callback(input[begin:begin + shard_size] / predivide)
 
     def flush(self):
         pass
@@ -134,7 +134,13 @@ class DummyReduceScatter:
 
 class BucketizedReduceScatter:
     """Reduce-scatters gradients in buckets of about ``bucket_size_mb`` (0: one per tensor),
-    calling each tensor's callback with its reduced shard."""
+    calling each tensor's callback with its reduced shard.
+
+    ``predivide``: the inputs are to be divided by it before the sum. It is applied as part of
+    the collective's ``scale`` instead (exact for powers of two, which FSDP's factors are), so
+    no gradient-sized quotient is ever materialized; tensors with different factors go to
+    different buckets.
+    """
 
     def __init__(self, bucket_size_mb, shard_count, groups, pin_layout) -> None:
         self.bucket_size_bytes = bucket_size_mb * 1024 * 1024
@@ -145,8 +151,12 @@ class BucketizedReduceScatter:
         self.callbacks = []
         self.bucket = []
         self.bucket_watermark = 0
+        self.bucket_predivide = 1.0
 
-    def __call__(self, input, callback):
+    def __call__(self, input, callback, predivide=1.0):
+        if self.bucket and predivide != self.bucket_predivide:
+            self.flush()
+        self.bucket_predivide = predivide
         self.bucket.append(input)
         self.callbacks.append(callback)
         self.bucket_watermark += input.element_size() * input.numel()
@@ -157,7 +167,8 @@ class BucketizedReduceScatter:
         if not self.bucket:
             return
         inputs = self.bucket[0] if len(self.bucket) == 1 else self.bucket
-        results = xm.reduce_scatter(xm.REDUCE_SUM, inputs, scale=self.scale, scatter_dim=0,
+        results = xm.reduce_scatter(xm.REDUCE_SUM, inputs,
+                                    scale=self.scale / self.bucket_predivide, scatter_dim=0,
                                     shard_count=self.shard_count, groups=self.groups,
                                     pin_layout=self.pin_layout)
         if len(self.bucket) == 1:

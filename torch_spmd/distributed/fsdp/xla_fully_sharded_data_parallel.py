@@ -720,8 +720,15 @@ class XlaFullyShardedDataParallel(nn.Module):
             if self._post_backward_hooks_to_call == 0:
                 self.reduce_scatter_op.flush()
             return
+        predivide = 1.0
         if self.gradient_predivide_factor > 1:
-            grad.div_(self.gradient_predivide_factor)
+            if grad.dtype == torch.float16 and not self.fp32_reduce_scatter:
+                # fp16 sums travel as fp16: divide first, as XLA does, to stay in range.
+                grad.div_(self.gradient_predivide_factor)
+            else:
+                # Folded into the reduce-scatter's scale: the same result (the factor is a
+                # power of two and the sum runs in fp32), without a gradient-sized quotient.
+                predivide = self.gradient_predivide_factor
         param.grad = None
         grad_flat = self._flatten_and_pad_to_world_size(
             grad, self.world_size * self._shard_size_multiple)
@@ -749,7 +756,7 @@ class XlaFullyShardedDataParallel(nn.Module):
         # returns one when no padding is needed) of a tensor mutated in place (the predivide
         # above) regenerates from the view's base without the view, i.e. with the wrong shape.
         # Under no_grad, with a gradient that does not require grad, there is nothing to detach.
-        self.reduce_scatter_op(grad_flat, reduce_scatter_done)
+        self.reduce_scatter_op(grad_flat, reduce_scatter_done, predivide)
         if self._post_backward_hooks_to_call == 0:
             self.reduce_scatter_op.flush()
 
