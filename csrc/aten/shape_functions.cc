@@ -1,6 +1,7 @@
 // Shape functions for ops whose torch 1.13 meta kernel is missing (convolution_backward,
 // _adaptive_avg_pool2d_backward),
-// wrong (arange(4.) comes out int64) or Python-only and hot (convolution).
+// wrong (arange(4.) comes out int64; native_layer_norm's statistics come out fp32 for bf16 input
+// while the CPU kernel the executor runs returns bf16) or Python-only and hot (convolution).
 #include <ATen/ATen.h>
 #include <torch/csrc/lazy/core/shape_inference.h>
 
@@ -81,11 +82,23 @@ std::vector<TensorType> Arange(const std::vector<c10::IValue>& a, int num_bounds
   return {TensorType{runtime::FromScalarType(dtype), {static_cast<int64_t>(len)}}};
 }
 
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd): mean
+// and rstd have the input's leading dims, ones for the normalized dims, and (on CPU, whose
+// kernels the executor runs) the input's dtype.
+std::vector<TensorType> NativeLayerNorm(const std::vector<c10::IValue>& a) {
+  TensorType in = runtime::TypeOf(a[0].toTensor());
+  size_t norm_dims = a[1].toIntVector().size();
+  TensorType stat = in;
+  for (size_t i = in.shape.size() - norm_dims; i < in.shape.size(); ++i) stat.shape[i] = 1;
+  return {in, stat, stat};
+}
+
 const std::unordered_map<std::string, ShapeFn>& Table() {
   static const auto* table = new std::unordered_map<std::string, ShapeFn>{
       {"aten::convolution", Convolution},
       {"aten::convolution_backward", ConvolutionBackward},
       {"aten::_adaptive_avg_pool2d_backward", LikeSelf},
+      {"aten::native_layer_norm", NativeLayerNorm},
       {"aten::arange", [](const auto& a) { return Arange(a, 1); }},
       {"aten::arange.start", [](const auto& a) { return Arange(a, 2); }},
       {"aten::arange.start_step", [](const auto& a) { return Arange(a, 3); }},
