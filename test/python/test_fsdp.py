@@ -386,3 +386,76 @@ def test_sharded_checkpoints_resume_and_consolidate(tmp_path):
         cli = torch.load(cli_path)["model"]
         assert list(cli) == list(full)
         assert all(torch.equal(cli[k], full[k]) for k in full)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors (reference wording), single process.
+
+def test_wrapping_errors():
+    wrapped = FSDP(torch.nn.Linear(4, 4))
+    with pytest.raises(RuntimeError, match="Cannot wrap a module that is already wrapped with "
+                                           "FSDP. For nested FSDP, first wrap the inner"):
+        FSDP(wrapped)
+    with pytest.raises(RuntimeError, match="must define a `forward` method.*do not wrap "
+                                           "`nn.ModuleList` or `nn.ModuleDict`"):
+        FSDP(torch.nn.ModuleList([torch.nn.Linear(2, 2)]))
+    with pytest.raises(ValueError, match=r"compute_dtype must be one of \[torch.float32, "
+                                         r"torch.float16, torch.bfloat16\], not torch.int32"):
+        FSDP(torch.nn.Linear(2, 2), compute_dtype=torch.int32)
+    with pytest.raises(ValueError, match="buffer_dtype must be one of"):
+        FSDP(torch.nn.Linear(2, 2), buffer_dtype=torch.float64)
+    for dtype in (torch.float64, torch.bfloat16):
+        with pytest.raises(TypeError, match="only fp32 parameters are supported"):
+            FSDP(torch.nn.Linear(2, 2).to(dtype))
+    with pytest.raises(ValueError, match="sharding_rank and sharding_world_size must be "
+                                         "provided when sharding_groups is specified"):
+        FSDP(torch.nn.Linear(2, 2), sharding_groups=[[0]])
+    inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    inner[0] = FSDP(inner[0])
+    with pytest.raises(ValueError, match="Expected 0 to NOT be FullyShardedDataParallel if "
+                                         "using an `auto_wrap_policy`"):
+        FSDP(inner, auto_wrap_policy=TRANSFORMER_POLICY)
+
+
+def test_root_only_methods():
+    model = FSDP(torch.nn.Sequential(FSDP(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 2)))
+    model(torch.ones(1, 2).to(torch_spmd.device())).sum().backward()
+    with pytest.raises(AssertionError, match="clip_grad_norm should only be called on the root"):
+        model.module[0].clip_grad_norm_(1.0)
+    with pytest.raises(AssertionError, match="no_sync on inner FSDP is not supported"):
+        with model.module[0].no_sync():
+            pass
+    model.clip_grad_norm_(1.0)  # the root may
+    xm.mark_step()
+
+
+def _fake_checkpoint(path, rank, world):
+    sd = {"_fsdp_shard_FSDP_SHARD_SEPARATOR_w": torch.zeros(2)}
+    meta = {"shard_info": {"": {"_fsdp_shard_FSDP_SHARD_SEPARATOR_w": {
+        "_orig_size": torch.Size([3]), "_orig_name": "w"}}},
+        "flatten_info": {}, "buffer_info": {}, "world_size": world, "rank": rank}
+    torch.save({"model": sd, "shard_metadata": meta}, path)
+
+
+def test_consolidation_errors(tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    with pytest.raises(AssertionError, match=f"Cannot find any files matching {prefix}_rank-"):
+        consolidate_sharded_model_checkpoints(prefix, "_rank-*-of-*.pth")
+    # Files from runs of different world sizes under one prefix.
+    _fake_checkpoint(prefix + "_rank-00000000-of-00000002.pth", 0, 2)
+    _fake_checkpoint(prefix + "_rank-00000001-of-00000002.pth", 1, 2)
+    _fake_checkpoint(prefix + "_rank-00000000-of-00000001.pth", 0, 1)
+    with pytest.raises(AssertionError, match=r"Expecting \d files \(based on metadata in .*\) "
+                                             r"but got 3 files"):
+        consolidate_sharded_model_checkpoints(prefix, "_rank-*-of-*.pth")
+    # Two files claiming the same rank.
+    os.remove(prefix + "_rank-00000000-of-00000001.pth")
+    _fake_checkpoint(prefix + "_rank-00000001-of-00000002.pth", 0, 2)
+    with pytest.raises(AssertionError, match=r"Expecting rank 0 for .* but it is ranked 1 "
+                                             r"\(out of 2 files\)"):
+        consolidate_sharded_model_checkpoints(prefix, "_rank-*-of-*.pth")
+    # A complete set consolidates (padding dropped).
+    _fake_checkpoint(prefix + "_rank-00000001-of-00000002.pth", 1, 2)
+    full, path = consolidate_sharded_model_checkpoints(prefix, "_rank-*-of-*.pth",
+                                                       save_model=False)
+    assert path is None and list(full) == ["w"] and full["w"].shape == (3,)

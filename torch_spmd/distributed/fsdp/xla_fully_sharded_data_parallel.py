@@ -487,7 +487,9 @@ class XlaFullyShardedDataParallel(nn.Module):
                     flatten_info[name] = m.metadata(i)
         for name, buf in self.named_buffers():
             if buf is not None and hasattr(buf, "_orig_dtype"):
-                buffer_info[name] = {"_orig_dtype": buf._orig_dtype}
+                # Named as in state_dict() (without "_fpw_module."), so that consolidation
+                # finds them; PyTorch/XLA keeps the level and never casts buffers back.
+                buffer_info[name.replace("_fpw_module.", "")] = {"_orig_dtype": buf._orig_dtype}
         return {"shard_info": shard_info, "flatten_info": flatten_info,
                 "buffer_info": buffer_info, "world_size": self.world_size, "rank": self.rank}
 
