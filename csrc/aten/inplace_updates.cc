@@ -33,9 +33,9 @@ namespace {
 // metadata, storage replacement), so their ADInplaceOrView kernels stay untouched.
 const std::set<std::string>& Excluded() {
   static const auto* names = new std::set<std::string>{
-      "aten::set_",       "aten::resize_",    "aten::resize_as_", "aten::_resize_output_",
-      "aten::detach_",    "aten::transpose_", "aten::t_",         "aten::squeeze_",
-      "aten::unsqueeze_", "aten::as_strided_", "aten::swapaxes_", "aten::swapdims_",
+      "aten::set_",           "aten::resize_",     "aten::resize_as_", "aten::_resize_output_",
+      "aten::detach_",        "aten::transpose_",  "aten::t_",         "aten::squeeze_",
+      "aten::unsqueeze_",     "aten::as_strided_", "aten::swapaxes_",  "aten::swapdims_",
       "aten::requires_grad_", "aten::_coalesced_", "aten::retain_grad"};
   return *names;
 }

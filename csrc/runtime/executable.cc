@@ -155,7 +155,8 @@ void Executable::Lower() {
   for (auto& ins : instructions_) {
     if (ins.node->op()->internal || !ins.mutable_inputs.empty()) continue;
     ins.alias = ViewAliasOf(*ins.node);
-    if (ins.alias == ViewAlias::kPermute && !strided_ok[ins.outputs[0]]) ins.alias = ViewAlias::kNone;
+    if (ins.alias == ViewAlias::kPermute && !strided_ok[ins.outputs[0]])
+      ins.alias = ViewAlias::kNone;
   }
 }
 

@@ -11,9 +11,9 @@ namespace {
 
 const std::set<std::string>& ReinterpretOps() {
   static const auto* ops = new std::set<std::string>{
-      "aten::view_copy",     "aten::_reshape_alias_copy", "aten::_unsafe_view",
-      "aten::alias_copy",    "aten::detach_copy",         "aten::squeeze_copy",
-      "aten::unsqueeze_copy", "aten::slice_copy",         "aten::expand_copy"};
+      "aten::view_copy",      "aten::_reshape_alias_copy", "aten::_unsafe_view",
+      "aten::alias_copy",     "aten::detach_copy",         "aten::squeeze_copy",
+      "aten::unsqueeze_copy", "aten::slice_copy",          "aten::expand_copy"};
   return *ops;
 }
 
@@ -54,8 +54,8 @@ ViewAlias ViewAliasOf(const ir::Node& node) {
 
 bool IsStrideSensitive(const ir::OpInfo* op) {
   static const auto* ops = new std::set<std::string>{
-      "aten::view_copy", "aten::_reshape_alias_copy", "aten::_unsafe_view",
-      "aten::as_strided_copy", "aten::as_strided_scatter", "aten::view"};
+      "aten::view_copy",       "aten::_reshape_alias_copy", "aten::_unsafe_view",
+      "aten::as_strided_copy", "aten::as_strided_scatter",  "aten::view"};
   return !op->internal && ops->count(op->name) > 0;
 }
 
@@ -64,7 +64,8 @@ at::Tensor AliasedView(const ir::Node& node, ViewAlias kind, const at::Tensor& i
   if (kind == ViewAlias::kReinterpret) return input.view(out);
   const std::string& name = node.op()->name;
   if (name == "aten::t_copy") return input.t();
-  if (name == "aten::transpose_copy") return input.transpose(node.args().at(1).i, node.args().at(2).i);
+  if (name == "aten::transpose_copy")
+    return input.transpose(node.args().at(1).i, node.args().at(2).i);
   return input.permute(node.args().at(1).ints);  // permute_copy(self, dims)
 }
 

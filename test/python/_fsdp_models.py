@@ -65,8 +65,8 @@ def mlp(width, layers, seed=0):
 def batches(steps, batch=BATCH, seq=SEQ):
     """`steps` (x, y) full batches, the same in every process."""
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(batch, seq, D_IN, generator=g), torch.randn(batch, seq, D_OUT, generator=g))
-            for _ in range(steps)]
+    return [(torch.randn(batch, seq, D_IN, generator=g),
+             torch.randn(batch, seq, D_OUT, generator=g)) for _ in range(steps)]
 
 
 def local(t, rank, world=WORLD):

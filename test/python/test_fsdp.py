@@ -58,7 +58,8 @@ def _wrap(cfg):
         return FSDP(m)
     if cfg == "zero3_ckpt":
         return FSDP(m, auto_wrap_policy=TRANSFORMER_POLICY,
-                    auto_wrapper_callable=lambda mod, *a, **k: FSDP(checkpoint_module(mod), *a, **k))
+                    auto_wrapper_callable=lambda mod, *a, **k: FSDP(checkpoint_module(mod), *a,
+                                                                    **k))
     kwargs = {"zero3_flat": dict(flatten_parameters=True),
               "zero3_dim0": dict(shard_param_on_dim_0=True),
               "zero3_bf16": dict(compute_dtype=torch.bfloat16)}.get(cfg, {})
@@ -379,7 +380,8 @@ def test_sharded_checkpoints_resume_and_consolidate(tmp_path):
         for name, value in want.items():
             torch.testing.assert_close(full[name], value, rtol=1e-4, atol=1e-5, msg=name)
         cli_path = os.path.join(out, f"{cfg}_cli.pth")
-        subprocess.run([sys.executable, "-m", "torch_spmd.distributed.fsdp.consolidate_sharded_ckpts",
+        subprocess.run([sys.executable, "-m",
+                        "torch_spmd.distributed.fsdp.consolidate_sharded_ckpts",
                         "--ckpt_prefix", prefix, "--ckpt_suffix", "_rank-*-of-*.pth",
                         "--save_path", cli_path],
                        check=True, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True)

@@ -178,3 +178,26 @@ def test_optimization_barrier_is_a_checked_no_op():
     xm.optimization_barrier_([t])
     with pytest.raises(TypeError, match="expects tensors"):
         xm.optimization_barrier_([1.0])
+
+
+def test_bucketed_reduce_scatter_and_meta_init_train_like_cpu():
+    """reduce_scatter_bucket_size_mb > 0 (several gradients per collective) and a module built
+    on the meta device (materialized with reset_parameters) still train like CPU eager."""
+    meta = nn.Linear(6, 3, device="meta")
+    model = FSDP(meta, reduce_scatter_bucket_size_mb=1)
+    assert model.module.module.weight.device == DEV  # the (freed) full parameter
+    ref = nn.Linear(6, 3)
+    with torch.no_grad():  # the same weights (reset_parameters drew random ones)
+        for (n, shard), p in zip(model.get_original_names_and_sharded_parameters(),
+                                 ref.parameters()):
+            p.copy_(shard.cpu()[:p.numel()].view_as(p))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+    x = torch.randn(5, 6)
+    for _ in range(2):
+        for m, opt, dev in ((model, opts[0], DEV), (ref, opts[1], "cpu")):
+            opt.zero_grad()
+            m.loss = m(x.to(dev)).pow(2).mean()
+            m.loss.backward()
+            opt.step()
+        xm.mark_step()
+        torch.testing.assert_close(model.loss.cpu(), ref.loss.detach())
