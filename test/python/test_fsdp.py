@@ -18,8 +18,7 @@ import torch_spmd.core.xla_model as xm
 import torch_spmd.distributed.xla_multiprocessing as xmp
 from torch_spmd import _C
 from torch_spmd.distributed.fsdp import (XlaFullyShardedDataParallel as FSDP, checkpoint_module,
-                                         consolidate_sharded_model_checkpoints,
-                                         consolidate_sharded_state_dicts)
+                                         consolidate_sharded_model_checkpoints)
 from torch_spmd.distributed.fsdp.wrap import (size_based_auto_wrap_policy,
                                               transformer_auto_wrap_policy)
 

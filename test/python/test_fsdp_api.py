@@ -196,8 +196,9 @@ def test_bucketed_reduce_scatter_and_meta_init_train_like_cpu():
     for _ in range(2):
         for m, opt, dev in ((model, opts[0], DEV), (ref, opts[1], "cpu")):
             opt.zero_grad()
-            m.loss = m(x.to(dev)).pow(2).mean()
-            m.loss.backward()
+            loss = m(x.to(dev)).pow(2).mean()
+            loss.backward()
             opt.step()
+            m.loss = loss.detach()  # not the graph: its hooks would tie it to the module
         xm.mark_step()
         torch.testing.assert_close(model.loss.cpu(), ref.loss.detach())

@@ -22,30 +22,32 @@ How this maps onto our lazy runtime (see docs/fsdp.md):
 
 Use ``optimizer.step()`` on the wrapped model's parameters, not ``xm.optimizer_step`` (that
 would all-reduce the already reduced gradient shards).
+
+This file holds the constructor, forward and the public methods; the parameter sharding,
+gathering and freeing live in ``_param_sharding.py``, the autograd hooks in
+``_backward_hooks.py`` (mixins of the class).
 """
 import contextlib
 import functools
 import gc
 import time
 import traceback
-from enum import Enum, auto
 from itertools import chain
 from math import inf
 from typing import Any, Callable, Dict, Generator, List, Optional, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.autograd import Variable
 from torch.nn.parameter import Parameter
 
-from ... import _C
 from ..._device import device as _spmd_device
 from ... import runtime as xr
 from ...core import xla_model as xm
 from ...utils.checkpoint import chkpt_status
+from ._backward_hooks import TrainingState, _BackwardHooksMixin
 from ._init_utils import _materialize_module
-from ._tree import apply_to_tensors, cast_floating_tensors, collect_tensors
+from ._param_sharding import _ParamShardingMixin
+from ._tree import cast_floating_tensors, collect_tensors
 from .utils import (BucketizedReduceScatter, DummyReduceScatter, apply_xla_patch_to_nn_linear,
                     dummy_all_gather, dummy_all_reduce)
 from .wrap import recursive_wrap
@@ -53,20 +55,8 @@ from .xla_flatten_params_wrapper import XlaFlattenParamsWrapper
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
-# Sharded parameters are registered as "_fsdp_shard." + original name, with every "." replaced
-# by this separator (module attribute names cannot contain dots).
-_FSDP_SHARD_SEPARATOR = "_FSDP_SHARD_SEPARATOR_"
 
-
-class TrainingState(Enum):
-    """Where an FSDP instance is in its forward/backward cycle (checked by the hooks)."""
-    IDLE = auto()
-    FORWARD = auto()
-    BACKWARD_PRE = auto()
-    BACKWARD_POST = auto()
-
-
-class XlaFullyShardedDataParallel(nn.Module):
+class XlaFullyShardedDataParallel(_ParamShardingMixin, _BackwardHooksMixin, nn.Module):
     """Shards ``module``'s parameters across the data-parallel ranks (see the module docstring).
 
     Wrapping once gives ZeRO-2 (gradients and optimizer state sharded, full parameters gathered
@@ -267,121 +257,6 @@ class XlaFullyShardedDataParallel(nn.Module):
             factor *= 2
         return float(factor)
 
-    @torch.no_grad()
-    def _shard_parameters_(self, params_to_shard) -> None:
-        """Replaces each full parameter by this rank's padded 1-D slice (``rows`` with
-        ``shard_param_on_dim_0``), registered on this instance; the full parameter object
-        stays on its module as a plain attribute holding a placeholder until gathered."""
-        if params_to_shard:
-            # The data of every freed full parameter: one element, shared.
-            self._dummy_data_placeholder = torch.zeros(1, dtype=self.compute_dtype,
-                                                       device=self.xla_device)
-        params_to_shard_set = set(params_to_shard)
-        assert len(params_to_shard_set) == len(params_to_shard), (
-            "params_to_shard should not have dups")
-        full_param_infos, shared_full_param_infos, full_params, memo = [], [], [], {}
-        for module_name, m in self.named_modules():
-            for n, p in m.named_parameters(recurse=False):
-                if p.dtype != torch.float32:
-                    raise TypeError("only fp32 parameters are supported")
-                if p not in params_to_shard_set:
-                    continue
-                if p in memo:
-                    mname, shared_m, shared_n = memo[p]
-                    shared_full_param_infos.append((module_name, mname, m, n, shared_m,
-                                                    shared_n))
-                else:
-                    memo[p] = (module_name, m, n)
-                    full_param_infos.append((module_name, m, n))
-                    full_params.append(p)
-        assert len(full_params) == len(params_to_shard_set), (
-            "there are parameters in params_to_shard not belonging to this module.")
-        self.full_params = full_params
-        self.full_param_infos = full_param_infos
-        self.shared_full_param_infos = shared_full_param_infos
-
-        self.sharded_params = []
-        for idx, (module_name, m, n) in enumerate(self.full_param_infos):
-            p = self.full_params[idx]
-            assert not hasattr(p, "_is_sharded")
-            p_shard = nn.Parameter(self._get_shard(p).to(self.xla_device),
-                                   requires_grad=p.requires_grad)
-            p_shard._is_sharded = True
-            p_shard._orig_size = p.size()
-            p_shard._orig_name = f"{module_name}.{n}"
-            p_shard._name = f"_fsdp_shard.{p_shard._orig_name}".replace(".",
-                                                                         _FSDP_SHARD_SEPARATOR)
-            self.register_parameter(p_shard._name, p_shard)
-            self.sharded_params.append(p_shard)
-            # The full parameter object autograd will see: born freed (on the device, holding
-            # the placeholder), so the full data never has to fit on the device at once.
-            full = nn.Parameter(torch.zeros(1, dtype=self.compute_dtype, device=self.xla_device),
-                                requires_grad=p.requires_grad)
-            _C._replace_data(full, self._dummy_data_placeholder)
-            if isinstance(p, nn.Parameter) and hasattr(p, "_param_numels"):  # a FlatParameter
-                full.__class__ = p.__class__
-                full.__dict__.update({k: v for k, v in p.__dict__.items()})
-            full._sharded_param = p_shard
-            full._has_full_param = False
-            self.full_params[idx] = full
-            # Deregister the full parameter: only shards show in parameters()/state_dict().
-            assert n in m._parameters
-            m._parameters.pop(n)
-            object.__setattr__(m, n, full)
-        for _, _, m, n, shared_m, shared_n in self.shared_full_param_infos:
-            assert n in m._parameters
-            m._parameters.pop(n)
-            object.__setattr__(m, n, getattr(shared_m, shared_n))
-        assert len(self.sharded_params) == len(self.full_params)
-
-    def _get_shard(self, tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of a full tensor, flattened (or by rows) and zero-padded."""
-        tensor = self._flatten_and_pad_to_world_size(tensor.detach(),
-                                                     self.world_size * self._shard_size_multiple)
-        local_size = tensor.size(0) // self.world_size
-        begin = self.rank * local_size
-        return tensor[begin:begin + local_size].clone()
-
-    def _flatten_and_pad_to_world_size(self, tensor: torch.Tensor,
-                                       world_size: int) -> torch.Tensor:
-        """``tensor`` flattened (rows kept with ``shard_param_on_dim_0``) and zero-padded so
-        that dim 0 divides by ``world_size``."""
-        if self._shard_param_on_dim_0:
-            if tensor.size(0) % world_size != 0:
-                pad_size = world_size - tensor.size(0) % world_size
-                tensor = F.pad(tensor, [0, 0] * (tensor.dim() - 1) + [0, pad_size])
-            return tensor
-        tensor = tensor.flatten()
-        if tensor.numel() % world_size != 0:
-            tensor = F.pad(tensor, [0, world_size - tensor.numel() % world_size])
-        return tensor
-
-    @torch.no_grad()
-    def _cast_buffers(self, dtype: Optional[torch.dtype] = None, memo=None) -> None:
-        """Moves buffers to the device in ``dtype`` (default ``buffer_dtype``); inner FSDP
-        instances cast their own. The original dtype is kept for consolidation."""
-        if memo is None:
-            memo = set()
-        for module in self.modules():
-            if module is not self and isinstance(module, XlaFullyShardedDataParallel):
-                module._cast_buffers(dtype=dtype, memo=memo)
-            elif module not in memo:
-                memo.add(module)
-                for name, buf in module.named_buffers(recurse=False):
-                    if buf is None:
-                        continue
-                    if torch.is_floating_point(buf):
-                        orig_dtype = buf.dtype
-                        cast_dtype = dtype or self.buffer_dtype
-                        if orig_dtype != cast_dtype:
-                            buf = buf.to(cast_dtype)
-                            buf._orig_dtype = orig_dtype
-                    if buf.device != self.xla_device:
-                        orig = getattr(buf, "_orig_dtype", None)
-                        buf = buf.to(self.xla_device)
-                        if orig is not None:
-                            buf._orig_dtype = orig
-                    setattr(module, name, buf)
 
     # ------------------------------------------------------------------------------------------
     # Public API.
@@ -607,311 +482,7 @@ class XlaFullyShardedDataParallel(nn.Module):
                     m._debug_dummy_forward_pass = orig
         return outputs
 
-    # ------------------------------------------------------------------------------------------
-    # Backward hooks.
 
-    def _try_adding_to_backward_opt_barrier_lists(self, tensor: torch.Tensor) -> None:
-        if id(tensor) not in self._backward_opt_barrier_tensor_ids:
-            self._backward_opt_barrier_tensor_ids.add(id(tensor))
-            self._backward_opt_barrier_tensors.append(tensor)
-
-    def _clear_backward_opt_barrier_lists(self) -> None:
-        self._backward_opt_barrier_tensors.clear()
-        self._backward_opt_barrier_tensor_ids.clear()
-
-    def _register_grad_opt_barrier_hooks(self, dependency_tensors: List[torch.Tensor]) -> None:
-        if not torch.is_grad_enabled():
-            return
-
-        def _grad_opt_barrier_hook(t_grad: torch.Tensor):
-            self._try_adding_to_backward_opt_barrier_lists(t_grad)
-            self.optimization_barrier_op([t_grad])
-            return t_grad
-
-        for t in dependency_tensors:
-            if t.requires_grad:
-                t.register_hook(_grad_opt_barrier_hook)
-
-    def _register_pre_backward_hooks(self, outputs: Any) -> Any:
-        """Hooks on the outputs' gradients: gather the full parameters again (if freed after
-        forward) before this module's backward starts."""
-        if not torch.is_grad_enabled():
-            return outputs
-        if self._is_root:
-            self._post_backward_callback_queued = False
-
-        def _pre_backward_hook(t_grad: torch.Tensor) -> None:
-            if self._is_root:
-                self._queue_wait_for_post_backward()
-            if self.optimization_barrier_in_backward:
-                self._try_adding_to_backward_opt_barrier_lists(t_grad)
-            if self.reshard_after_forward and not chkpt_status.in_chkpt_bwd:
-                dependency_tensors = []
-                if self.optimization_barrier_in_backward:
-                    dependency_tensors = self._backward_opt_barrier_tensors
-                self._rebuild_full_params(dependency_tensors=dependency_tensors,
-                                          apply_opt_barrier=self.optimization_barrier_in_backward)
-                self._clear_backward_opt_barrier_lists()
-            if not self._pre_backward_hook_has_run:
-                self._pre_backward_hook_has_run = True
-                self.assert_state([TrainingState.IDLE, TrainingState.BACKWARD_PRE])
-                for p, p_shard in zip(self.full_params, self.sharded_params):
-                    if p.grad is not None:
-                        assert p.grad.device == p_shard.device
-                        assert p.grad.size() == p_shard._orig_size
-            if self.training_state == TrainingState.IDLE:
-                self.training_state = TrainingState.BACKWARD_PRE
-            self.assert_state([TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST])
-            if self.optimization_barrier_in_backward:
-                self._try_adding_to_backward_opt_barrier_lists(t_grad)
-                self.optimization_barrier_op([t_grad])
-            return t_grad
-
-        registered = 0
-
-        def _register_hook(t: torch.Tensor) -> torch.Tensor:
-            # An output an inner FSDP already hooked is only hooked again if it is the first.
-            nonlocal registered
-            if t.requires_grad and (registered == 0 or
-                                    id(t) not in self._output_pre_backward_hook_registered):
-                t.register_hook(_pre_backward_hook)
-                self._output_pre_backward_hook_registered.add(id(t))
-                registered += 1
-            return t
-
-        return apply_to_tensors(_register_hook, outputs)
-
-    def _register_post_backward_hooks(self) -> None:
-        """A hook on each full parameter's gradient accumulator: fires once the parameter's
-        gradient is complete, to reduce-scatter it into the shard."""
-        if not torch.is_grad_enabled():
-            return
-        self._post_backward_hooks_to_call = 0
-        for p in self.full_params:
-            if p.requires_grad:
-                if hasattr(p, "_shard_bwd_hook"):
-                    continue
-                p_tmp = p.expand_as(p)  # a grad_fn whose next function is p's accumulator
-                assert p_tmp.grad_fn is not None
-                grad_acc = p_tmp.grad_fn.next_functions[0][0]
-                handle = grad_acc.register_hook(functools.partial(self._post_backward_hook, p))
-                p._shard_bwd_hook = (grad_acc, handle)
-                self._post_backward_hooks_to_call += 1
-
-    @torch.no_grad()
-    def _post_backward_hook(self, param: Parameter, *unused: Any) -> None:
-        """``param.grad`` holds the full local gradient: free the full parameter, then
-        reduce-scatter the gradient (divided by the pre/post factors) and accumulate this
-        rank's slice into the sharded parameter's ``.grad``."""
-        self.assert_state([TrainingState.BACKWARD_PRE, TrainingState.BACKWARD_POST])
-        self.training_state = TrainingState.BACKWARD_POST
-        self._post_backward_hooks_to_call -= 1
-        if param.grad is None:
-            if self._post_backward_hooks_to_call == 0:
-                self.reduce_scatter_op.flush()
-            return
-        if param.grad.requires_grad:
-            raise RuntimeError("FSDP only works with gradients that don't require gradients")
-        grad = param.grad
-        if self._require_backward_grad_sync or self.reshard_after_forward:
-            # Inside no_sync() the full parameters stay (they do not change before the next
-            # forward), unless resharding is asked for anyway.
-            self._free_full_params([param], dependency_tensors=[grad],
-                                   apply_opt_barrier=self.optimization_barrier_in_backward)
-        if not self._require_backward_grad_sync:
-            if self._post_backward_hooks_to_call == 0:
-                self.reduce_scatter_op.flush()
-            return
-        predivide = 1.0
-        if self.gradient_predivide_factor > 1:
-            if grad.dtype == torch.float16 and not self.fp32_reduce_scatter:
-                # fp16 sums travel as fp16: divide first, as XLA does, to stay in range.
-                grad.div_(self.gradient_predivide_factor)
-            else:
-                # Folded into the reduce-scatter's scale: the same result (the factor is a
-                # power of two and the sum runs in fp32), without a gradient-sized quotient.
-                predivide = self.gradient_predivide_factor
-        param.grad = None
-        grad_flat = self._flatten_and_pad_to_world_size(
-            grad, self.world_size * self._shard_size_multiple)
-        if self.optimization_barrier_in_backward:
-            self.optimization_barrier_op([grad_flat])
-        if grad_flat.dtype != torch.float32 and self.fp32_reduce_scatter:
-            grad_flat = grad_flat.to(torch.float32)
-
-        def reduce_scatter_done(reduced_grad):
-            if reduced_grad.dtype != torch.float32:
-                reduced_grad = reduced_grad.to(torch.float32)
-            if self.optimization_barrier_in_backward:
-                self.optimization_barrier_op([reduced_grad])
-            if self.gradient_postdivide_factor > 1:
-                reduced_grad.div_(self.gradient_postdivide_factor)
-            self._try_adding_to_backward_opt_barrier_lists(reduced_grad)
-            p_shard = param._sharded_param
-            if p_shard.grad is None:
-                p_shard.grad = reduced_grad
-            else:
-                assert p_shard.grad.shape == reduced_grad.shape
-                p_shard.grad += reduced_grad
-
-        # Not grad_flat.detach(): in torch 1.13 a detached copy of a functional *view* (flatten
-        # returns one when no padding is needed) of a tensor mutated in place (the predivide
-        # above) regenerates from the view's base without the view, i.e. with the wrong shape.
-        # Under no_grad, with a gradient that does not require grad, there is nothing to detach.
-        self.reduce_scatter_op(grad_flat, reduce_scatter_done, predivide)
-        if self._post_backward_hooks_to_call == 0:
-            self.reduce_scatter_op.flush()
-
-    def _queue_wait_for_post_backward(self) -> None:
-        """Root only: run ``_wait_for_post_backward`` once the whole backward is done."""
-        assert self._is_root
-        if not self._post_backward_callback_queued:
-            self.assert_state([TrainingState.IDLE])
-            self._post_backward_callback_queued = True
-            Variable._execution_engine.queue_callback(self._try_wait_for_post_backward)
-
-    def _try_wait_for_post_backward(self) -> None:
-        # Exceptions raised in an autograd callback lose their message; print it first.
-        try:
-            self._wait_for_post_backward()
-        except Exception as e:
-            print(f"Exception below occurred in post-backward (_debug_msg: {self._debug_msg}). "
-                  f"This is often due to some inner FSDP modules not being used "
-                  f"in an outer FSDP module's forward pass. Please make sure that all inner "
-                  f"FSDP modules participate in the forward pass when using nested FSDP.\n"
-                  f"{type(e).__name__}: {e}")
-            raise
-
-    @torch.no_grad()
-    def _wait_for_post_backward(self) -> None:
-        """End of backward (root): remove the hooks, free what is still gathered (frozen
-        parameters, modules whose backward did not run), reset every instance's state."""
-        assert self._is_root
-        if any(p.requires_grad for p in self.full_params):
-            self.assert_state(TrainingState.BACKWARD_POST)
-        else:
-            self.assert_state(TrainingState.BACKWARD_PRE)
-
-        def _finalize_parameters(fsdp_module) -> None:
-            frozen_params = []
-            for p in fsdp_module.full_params:
-                if not p.requires_grad:
-                    frozen_params.append(p)
-                if hasattr(p, "_shard_bwd_hook"):
-                    assert len(p._shard_bwd_hook) == 2, len(p._shard_bwd_hook)
-                    p._shard_bwd_hook[1].remove()
-                    delattr(p, "_shard_bwd_hook")
-            if frozen_params:
-                fsdp_module._free_full_params(
-                    frozen_params, apply_opt_barrier=self.optimization_barrier_in_backward)
-
-        for m in self.modules():
-            if not isinstance(m, XlaFullyShardedDataParallel):
-                continue
-            _finalize_parameters(m)
-            if not m._pre_backward_hook_has_run:
-                m.assert_state(TrainingState.IDLE)
-                m._free_full_params(m.full_params,
-                                    apply_opt_barrier=self.optimization_barrier_in_backward)
-            elif any(p.requires_grad for p in m.parameters()):
-                if any(p.requires_grad for p in m.full_params):
-                    m.assert_state(TrainingState.BACKWARD_POST)
-                else:
-                    m.assert_state(TrainingState.BACKWARD_PRE)
-            else:
-                m.assert_state([TrainingState.BACKWARD_PRE, TrainingState.IDLE])
-            m.training_state = TrainingState.IDLE
-            m._pre_backward_hook_has_run = False
-            if m._is_root:
-                self._post_backward_callback_queued = False
-                self._output_pre_backward_hook_registered.clear()
-                if self.optimization_barrier_in_backward:
-                    params_with_grad = [p for p in self._all_sharded_params
-                                        if p.grad is not None]
-                    self.optimization_barrier_op(params_with_grad +
-                                                 [p.grad for p in params_with_grad] +
-                                                 self._backward_opt_barrier_tensors)
-                self._clear_backward_opt_barrier_lists()
-        if self.sync_on_finalization:
-            if self._debug_print:
-                xm.master_print("`xm.mark_step()` called in FSDP _wait_for_post_backward "
-                                f"(_debug_msg: {self._debug_msg})", flush=True)
-            xm.mark_step()
-
-    # ------------------------------------------------------------------------------------------
-    # Gathering and freeing the full parameters.
-
-    @torch.no_grad()
-    def _rebuild_full_params(self, dependency_tensors: Optional[List[torch.Tensor]] = None,
-                             apply_opt_barrier: bool = True) -> None:
-        """All-gathers every freed full parameter from the shards (cast to compute_dtype
-        first). Idempotent."""
-        if self.has_full_params:
-            return
-        if dependency_tensors is None:
-            dependency_tensors = []
-        if apply_opt_barrier:
-            self._apply_opt_barrier_to_params_and_tensors(
-                [p for p in self.full_params if p._has_full_param], self.sharded_params,
-                dependency_tensors)
-        for p, p_shard in zip(self.full_params, self.sharded_params):
-            if p._has_full_param:
-                continue
-            p_shard_data = p_shard.detach()
-            if apply_opt_barrier:
-                self.optimization_barrier_op([p_shard_data])
-            if p_shard_data.dtype != self.compute_dtype:
-                p_shard_data = p_shard_data.to(self.compute_dtype)
-            if self._shard_param_on_dim_0 or self._shard_size_multiple == 1:
-                p_padded = self.all_gather_op(p_shard_data, groups=self.sharding_groups)
-            else:
-                # Gathered as rows of _shard_size_multiple elements (XLA: TPU-friendly).
-                p_shard_2d = p_shard_data.view(-1, self._shard_size_multiple)
-                p_padded = self.all_gather_op(p_shard_2d,
-                                              groups=self.sharding_groups).flatten()
-            if apply_opt_barrier:
-                self.optimization_barrier_op([p_padded])
-            if self._shard_param_on_dim_0:
-                full = p_padded[:p_shard._orig_size[0]]
-            else:
-                full = p_padded[:p_shard._orig_size.numel()].view(p_shard._orig_size)
-            _C._replace_data(p, full)
-            p._has_full_param = True
-        self.has_full_params = True
-
-    @torch.no_grad()
-    def _free_full_params(self, params: Optional[List[Parameter]] = None,
-                          dependency_tensors: Optional[List[torch.Tensor]] = None,
-                          apply_opt_barrier: bool = True) -> None:
-        """Points the full parameters (default: all of this instance's) at the placeholder,
-        dropping their gathered values; in flattened mode also drops the views handed to the
-        module (they would keep the gathered values alive)."""
-        if params is None:
-            full_params, sharded_params = self.full_params, self.sharded_params
-        else:
-            full_params = params
-            sharded_params = [p._sharded_param for p in params if hasattr(p, "_sharded_param")]
-        if dependency_tensors is None:
-            dependency_tensors = []
-        self.has_full_params = False
-        freed_flat = False
-        for p in full_params:
-            if p._has_full_param:
-                _C._replace_data(p, self._dummy_data_placeholder)
-                p._has_full_param = False
-                freed_flat = freed_flat or hasattr(p, "_param_numels")
-        if freed_flat:
-            self._fsdp_wrapped_module._release_param_views(self._dummy_data_placeholder)
-        if apply_opt_barrier:
-            self._apply_opt_barrier_to_params_and_tensors(
-                [p for p in full_params if p._has_full_param], sharded_params,
-                dependency_tensors)
-
-    def _apply_opt_barrier_to_params_and_tensors(self, p_list, p_shard_list,
-                                                 dependency_tensors) -> None:
-        if len(p_list) + len(p_shard_list) + len(dependency_tensors) == 0:
-            return
-        self.optimization_barrier_op(p_list + p_shard_list + dependency_tensors)
 
     def assert_state(self, state: Union[TrainingState, List[TrainingState]]) -> None:
         """Raises ValueError unless in ``state`` (one of a list)."""
