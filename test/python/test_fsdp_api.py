@@ -202,3 +202,15 @@ def test_bucketed_reduce_scatter_and_meta_init_train_like_cpu():
             m.loss = loss.detach()  # not the graph: its hooks would tie it to the module
         xm.mark_step()
         torch.testing.assert_close(model.loss.cpu(), ref.loss.detach())
+
+
+def test_apply_backward_optimization_barrier_keeps_gradients():
+    import torch_spmd.distributed.spmd as xs
+    torch.manual_seed(0)
+    model, ref = nn.Linear(3, 2).to(DEV), nn.Linear(3, 2)
+    ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    xs.apply_backward_optimization_barrier(model)
+    x = torch.randn(4, 3)
+    model(x.to(DEV)).sum().backward()
+    ref(x).sum().backward()
+    torch.testing.assert_close(model.weight.grad.cpu(), ref.weight.grad)

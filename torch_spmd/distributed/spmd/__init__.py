@@ -10,6 +10,7 @@ from .xla_sharding import (ShardingSpec, ShardingType, clear_sharding, get_shard
                            mark_sharding, unwrap_sharded_tensor, wrap_as_sharded_tensor,
                            wrap_if_sharded)
 from .debugging import visualize_sharding, visualize_tensor_sharding
+from ._barriers import apply_backward_optimization_barrier
 
 __all__ = [
     "XLAShard",
@@ -29,4 +30,5 @@ __all__ = [
     "unwrap_sharded_tensor",
     "visualize_sharding",
     "visualize_tensor_sharding",
+    "apply_backward_optimization_barrier",
 ]
