@@ -8,6 +8,7 @@
 // execution.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "aten/replace_data.h"
 #include "aten/replica_api.h"
 #include "bindings.h"
 #include "runtime/collectives.h"
@@ -66,6 +67,8 @@ void BindReplica(py::module_& m) {
   m.def("_xm_all_to_all", &aten::ReplicaAllToAll, py::arg("input"), py::arg("split_dim"),
         py::arg("concat_dim"), py::arg("groups"));
   m.def("_xm_assign", &aten::AssignValue, py::arg("dst"), py::arg("src"));
+  m.def("_replace_data", &aten::ReplaceData, py::arg("dst"), py::arg("src"),
+        "`dst.data = src` for spmd tensors (shape and dtype may change; no version bump).");
 
   m.def(
       "_install_process_group_collectives",

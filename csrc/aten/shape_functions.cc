@@ -48,12 +48,6 @@ std::vector<TensorType> ConvolutionBackward(const std::vector<c10::IValue>& a) {
   return out;
 }
 
-// _adaptive_avg_pool2d_backward(grad_output, self) -> like self (torch 1.13 has no meta kernel,
-// so without this the op would run eagerly).
-std::vector<TensorType> LikeSelf(const std::vector<c10::IValue>& a) {
-  return {runtime::TypeOf(a[1].toTensor())};
-}
-
 // arange(end | start, end | start, end, step, dtype=None, ...): ATen's length formula, and
 // the dtype rule the Python meta kernel gets wrong: floating if any bound is floating.
 std::vector<TensorType> Arange(const std::vector<c10::IValue>& a, int num_bounds) {

@@ -1,5 +1,6 @@
 #include "aten/sync.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "core/metrics.h"
@@ -45,6 +46,49 @@ runtime::DeviceDataPtr ParamData(const ir::NodePtr& param, const Sharding& expec
   return data->Relayout(expected);
 }
 
+// Input donation (XLA's input/output aliasing, for this runtime): a parameter of the graph
+// that nothing can read after this run, typically the previous value of something updated in
+// place (optimizer state, sharded parameters), gives its device memory back after its last use
+// in the program rather than after the run, so the old and the new model state do not both
+// peak at the end of a step. Unlike XLA, a failed run takes the memory back and the data is
+// intact (see Executable::Run): a failed step leaves every tensor recomputable.
+//
+// "Nothing can read it" is decided from reference counts. Each graph node is held by
+// graph.nodes, by graph.params (data nodes), by every input edge from a graph node, and, for
+// the requested values, by `outputs`, graph.outputs, the slots_of keys and the synced slots
+// (which get rebound to the results). A node with any other holder (a live tensor that is
+// not synced here, a pending node outside the graph) may be evaluated again later, and with
+// it every node it depends on: those parameters are kept.
+std::vector<bool> DonatableParams(
+    const ir::Graph& graph, const std::vector<ir::Value>& outputs,
+    const std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
+  std::unordered_map<const ir::Node*, long> internal;
+  for (const ir::NodePtr& n : graph.nodes) {
+    internal[n.get()] += n->is_data() ? 2 : 1;
+    for (const ir::Value& in : n->inputs()) ++internal[in.node.get()];
+  }
+  for (const ir::Value& v : outputs) {
+    // outputs, graph.outputs, the slots_of key, and each synced slot's value.
+    internal[v.node.get()] += 3 + static_cast<long>(slots_of.at(v).size());
+  }
+  std::vector<const ir::Node*> stack;
+  std::unordered_map<const ir::Node*, bool> reachable;
+  for (const ir::NodePtr& n : graph.nodes)
+    if (n.use_count() > internal[n.get()]) stack.push_back(n.get());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (!reachable.emplace(n, true).second) continue;
+    for (const ir::Value& in : n->inputs()) stack.push_back(in.node.get());
+  }
+  std::vector<bool> donated(graph.params.size(), false);
+  for (size_t i = 0; i < graph.params.size(); ++i) {
+    const ir::NodePtr& p = graph.params[i];
+    donated[i] = !reachable.count(p.get()) && p->data().use_count() == 1;
+  }
+  return donated;
+}
+
 }  // namespace
 
 void SyncSlots(const std::vector<SlotPtr>& slots) {
@@ -62,15 +106,21 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
   ir::Graph graph = ir::BuildGraph(outputs);
   auto exe = GetExecutable(graph);
   const partition::Program& program = exe->program();
+  std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
   std::vector<runtime::DeviceDataPtr> params;
   params.reserve(graph.params.size());
-  for (size_t i = 0; i < graph.params.size(); ++i)
+  for (size_t i = 0; i < graph.params.size(); ++i) {
     params.push_back(ParamData(graph.params[i], program.param_shardings[i]));
+    // A relayout made a private copy for this run: always free it after its last use.
+    if (params.back() != graph.params[i]->data()) donated[i] = true;
+  }
+  int64_t num_donated = std::count(donated.begin(), donated.end(), true);
+  if (num_donated) Count("DonatedInputs", num_donated);
 
   std::vector<runtime::DeviceDataPtr> results;
   {
     ScopedTimer timer("ExecuteTime");
-    results = exe->Run(params, graph.scalars);
+    results = exe->Run(params, graph.scalars, donated);
   }
   Count("ExecuteGraph");
   for (const auto& [op, count] : program.stats.replicated_fallback_ops) Count("ReplicatedFallback", count);

@@ -38,7 +38,6 @@ class DeviceData final : public ir::DataHandle {
   const std::vector<BufferPtr>& shards() const { return shards_; }
   const at::Tensor& shard(int64_t device) const { return shards_.at(device)->tensor; }
   bool is_replicated() const { return !sharding_.valid() || sharding_.IsReplicated(); }
-
   // Lays a host tensor out over the devices: each device gets its (zero-padded) shard.
   static std::shared_ptr<DeviceData> FromHost(const at::Tensor& host, const Sharding& sharding);
   // The global value on the host: tiles stitched together, padding dropped, pending partial

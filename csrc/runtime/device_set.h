@@ -31,6 +31,7 @@ class Allocation {
   ~Allocation() { Release(); }
 
   int64_t device() const { return device_; }
+  bool active() const { return owner_ != nullptr; }  // still counted on its device
   int64_t bytes() const { return bytes_; }
   void Release();
 

@@ -4,10 +4,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "runtime/internal_kernels.h"
 
@@ -88,18 +91,6 @@ bool SameAcrossDevices(const std::vector<const PerDevice*>& inputs, size_t num_d
   return true;
 }
 
-// Ops whose kernel reads its input's memory layout (strides, storage offset) rather than just
-// its values. Buffers keep the layout their CPU kernel gave them (t_copy returns a transposed
-// clone, exactly like CPU eager's t() view, so mm takes the same BLAS path and results stay
-// bit-identical to eager), but the recorder describes every non-view value as contiguous:
-// as_strided_copy/as_strided_scatter strides and view sizes were computed for that layout.
-bool IsLayoutSensitive(const std::string& name) {
-  static const auto* names = new std::unordered_set<std::string>{
-      "aten::as_strided", "aten::as_strided_copy", "aten::as_strided_scatter", "aten::view",
-      "aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias",
-      "aten::_reshape_alias_copy"};
-  return names->count(name) > 0;
-}
 
 }  // namespace
 
@@ -124,7 +115,6 @@ void Executable::Lower() {
     for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(first_slot.at(n.get()) + o);
     if (!n->op()->internal) {
       KernelFor(n->op());  // resolve the kernel now, so a missing op fails at compile time
-      ins.layout_sensitive = IsLayoutSensitive(n->op()->name);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
@@ -169,10 +159,59 @@ void Executable::Lower() {
   for (auto& ins : instructions_)
     for (int s : ins.outputs)
       if (last_use[s] == -1) ins.free_after.push_back(s);
+
+  // Zero-copy views (view_aliasing.h). A strided (permuted) result must stay inside the
+  // program and reach only kernels that accept any strides.
+  std::vector<bool> strided_ok(num_slots_, true);
+  for (int s : output_slots_) strided_ok[s] = false;
+  for (auto& ins : instructions_) {
+    bool internal = ins.node->op()->internal;
+    ins.contiguous_inputs = IsStrideSensitive(ins.node->op());
+    if (internal || ins.contiguous_inputs)
+      for (int s : ins.inputs) strided_ok[s] = false;
+  }
+  for (auto& ins : instructions_) {
+    if (ins.node->op()->internal || !ins.mutable_inputs.empty()) continue;
+    ins.alias = ViewAliasOf(*ins.node);
+    if (ins.alias == ViewAlias::kPermute && !strided_ok[ins.outputs[0]])
+      ins.alias = ViewAlias::kNone;
+  }
+}
+
+bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
+  int in = ins.inputs[0];
+  if (std::find(ins.free_after.begin(), ins.free_after.end(), in) == ins.free_after.end())
+    return false;  // read again later: keep it, copy
+  SlotValue& input = slots[in];
+  for (const BufferPtr& b : input) {
+    if (!b) return false;
+    // Nobody outside this slot may hold the buffer (a live tensor, another slot). Devices of a
+    // replicated value share one allocation block, so count this slot's own references to it.
+    long own = 0;
+    for (const BufferPtr& other : input) own += !b.owner_before(other) && !other.owner_before(b);
+    if (b.use_count() != own) return false;
+    if (ins.alias == ViewAlias::kReinterpret && !b->tensor.is_contiguous()) return false;
+  }
+  SlotValue result(input.size());
+  std::map<const void*, at::Tensor> views;  // devices sharing a host tensor share its view
+  for (size_t d = 0; d < input.size(); ++d) {
+    const at::Tensor& t = input[d]->tensor;
+    auto it = views.find(t.unsafeGetTensorImpl());
+    if (it == views.end())
+      it = views.emplace(t.unsafeGetTensorImpl(), AliasedView(*ins.node, ins.alias, t)).first;
+    auto buf = std::make_shared<DeviceBuffer>();
+    buf->tensor = it->second;
+    buf->alloc = std::move(input[d]->alloc);  // the bytes move with the data: counted once
+    result[d] = std::move(buf);
+  }
+  slots[ins.outputs[0]] = std::move(result);
+  Count("AliasedViews");
+  return true;
 }
 
 void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
                            const std::vector<ir::ScalarValue>& scalars) const {
+  if (ins.alias != ViewAlias::kNone && TryAliasInput(ins, slots)) return;
   const ir::Node& node = *ins.node;
   const c10::OperatorHandle& kernel = KernelFor(node.op());
   size_t num_devices = DeviceSet::Get().num_devices();
@@ -219,7 +258,7 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
     std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
     for (const auto& [pos, input] : ins.tensor_args) {
       at::Tensor t = (*inputs[input])[dev]->tensor;
-      if (pos == 0 && ins.layout_sensitive) t = t.contiguous();
+      if (ins.contiguous_inputs) t = t.contiguous();  // it reads strides (view_aliasing.h)
       for (int m : ins.mutable_inputs) {
         if (m != input) continue;
         t = t.clone();  // values are immutable: never write a live buffer
@@ -328,16 +367,44 @@ void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& s
 }
 
 std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& params,
-                                           const std::vector<ir::ScalarValue>& scalars) const {
+                                           const std::vector<ir::ScalarValue>& scalars,
+                                           const std::vector<bool>& donated) const {
   SPMD_CHECK(params.size() == param_slots_.size(), "program expects ", param_slots_.size(),
              " parameters, got ", params.size());
+  SPMD_CHECK(donated.empty() || donated.size() == params.size(), "program expects ",
+             params.size(), " donation flags, got ", donated.size());
   // Slots own their buffers; everything still allocated is released if a kernel throws.
   std::vector<SlotValue> slots(num_slots_);
-  for (size_t i = 0; i < params.size(); ++i) slots[param_slots_[i]] = params[i]->shards();
-  for (const Instruction& ins : instructions_) {
-    if (ins.node->op()->internal) RunInternalOp(ins, slots);
-    else RunAtenOp(ins, slots, scalars);
-    for (int s : ins.free_after) SlotValue().swap(slots[s]);
+  std::vector<bool> donated_slot(num_slots_, false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    slots[param_slots_[i]] = params[i]->shards();
+    if (!donated.empty() && donated[i]) donated_slot[param_slots_[i]] = true;
+  }
+  // Donated inputs whose device memory was given back; taken back if the run fails.
+  std::vector<BufferPtr> given_back;
+  try {
+    for (const Instruction& ins : instructions_) {
+      if (ins.node->op()->internal) RunInternalOp(ins, slots);
+      else RunAtenOp(ins, slots, scalars);
+      for (int s : ins.free_after) {
+        if (donated_slot[s])
+          for (const BufferPtr& b : slots[s])
+            if (b && b->alloc.active()) {
+              b->alloc.Release();
+              given_back.push_back(b);
+            }
+        SlotValue().swap(slots[s]);
+      }
+    }
+  } catch (...) {
+    // The step failed: the donated inputs are still needed (their tensors' pending values
+    // depend on them). Their host data never left; account their bytes again.
+    slots.clear();
+    for (const BufferPtr& b : given_back)
+      b->alloc = DeviceSet::Get().Allocate(b->alloc.device(), b->tensor.numel() *
+                                                                  static_cast<int64_t>(b->tensor.element_size()),
+                                           "input restored after a failed step");
+    throw;
   }
   std::vector<DeviceDataPtr> outputs;
   outputs.reserve(output_slots_.size());

@@ -9,6 +9,7 @@
 
 #include "partition/program.h"
 #include "runtime/device_data.h"
+#include "runtime/view_aliasing.h"
 
 namespace spmd::runtime {
 
@@ -18,9 +19,13 @@ class Executable {
 
   // Runs the program. `params` are in the program's parameter order, already laid out as
   // param_shardings say; `scalars` are the graph's run-time scalars. Returns the outputs as
-  // device data. On failure nothing is left allocated and the inputs are untouched.
+  // device data. `donated` inputs (empty = none) give their device memory back after their
+  // last use in the program, as intermediate values do (their host data stays with the
+  // DeviceData). On failure nothing is left allocated, donated inputs take their memory back,
+  // and every input is intact.
   std::vector<DeviceDataPtr> Run(const std::vector<DeviceDataPtr>& params,
-                                 const std::vector<ir::ScalarValue>& scalars) const;
+                                 const std::vector<ir::ScalarValue>& scalars,
+                                 const std::vector<bool>& donated = {}) const;
 
   const partition::Program& program() const { return program_; }
   int64_t num_instructions() const { return static_cast<int64_t>(instructions_.size()); }
@@ -49,8 +54,9 @@ class Executable {
     std::vector<ScalarArg> scalar_args;
     std::vector<const std::string*> labels;  // per output, for the device memory report
     std::vector<int> mutable_inputs;  // node input indices the kernel would write: cloned first
-    bool layout_sensitive = false;    // self is passed contiguous (see IsLayoutSensitive)
     int default_generator_seed = -1;  // run-time scalar index of a random op's seed, or -1
+    bool contiguous_inputs = false;   // a stride-sensitive op (see view_aliasing.h)
+    ViewAlias alias = ViewAlias::kNone;  // may return a view of its dying input instead
   };
   using SlotValue = std::vector<BufferPtr>;  // one buffer per device
 
@@ -58,6 +64,7 @@ class Executable {
   void RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
                  const std::vector<ir::ScalarValue>& scalars) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const;
 
   partition::Program program_;
   std::vector<Instruction> instructions_;

@@ -11,6 +11,7 @@ from .xla_sharding import (ShardingSpec, ShardingType, apply_backward_optimizati
                            mark_sharding, unwrap_sharded_tensor, wrap_as_sharded_tensor,
                            wrap_if_sharded)
 from .debugging import visualize_sharding, visualize_tensor_sharding
+from ._barriers import apply_backward_optimization_barrier
 
 __all__ = [
     "XLAShard",

@@ -1,0 +1,1 @@
+"""Utilities mirroring ``torch_xla.utils``: activation checkpointing (``checkpoint``)."""
