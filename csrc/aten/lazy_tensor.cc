@@ -24,9 +24,15 @@ struct SlotRegistry {
     }
   }
   void Compact() {
+    // No self-move: libstdc++'s weak_ptr move assignment empties a self-assigned pointer,
+    // which silently dropped every live slot before the first dead one (and with it their
+    // pending values from mark_step).
     size_t keep = 0;
-    for (auto& w : slots)
-      if (!w.expired()) slots[keep++] = std::move(w);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].expired()) continue;
+      if (i != keep) slots[keep] = std::move(slots[i]);
+      ++keep;
+    }
     slots.resize(keep);
   }
 };

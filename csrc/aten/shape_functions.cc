@@ -74,10 +74,26 @@ std::vector<TensorType> Arange(const std::vector<c10::IValue>& a, int num_bounds
   return {TensorType{runtime::FromScalarType(dtype), {static_cast<int64_t>(len)}}};
 }
 
+// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum,
+// eps): the CPU kernel returns empty save_mean/save_invstd in eval mode (in running_mean's
+// dtype), [C] statistics in the input dtype when training; the meta kernel says [C] always.
+std::vector<TensorType> NativeBatchNorm(const std::vector<c10::IValue>& a) {
+  const at::Tensor& input = a[0].toTensor();
+  TensorType out{runtime::FromScalarType(input.scalar_type()),
+                 Shape(input.sizes().begin(), input.sizes().end())};
+  bool training = a[5].toBool();
+  c10::ScalarType stat_dtype = input.scalar_type();
+  if (!training && a[3].isTensor()) stat_dtype = a[3].toTensor().scalar_type();
+  Shape stat_shape{training ? (input.dim() > 1 ? input.size(1) : 1) : 0};
+  TensorType stat{runtime::FromScalarType(stat_dtype), stat_shape};
+  return {out, stat, stat};
+}
+
 const std::unordered_map<std::string, ShapeFn>& Table() {
   static const auto* table = new std::unordered_map<std::string, ShapeFn>{
       {"aten::convolution", Convolution},
       {"aten::convolution_backward", ConvolutionBackward},
+      {"aten::native_batch_norm", NativeBatchNorm},
       {"aten::arange", [](const auto& a) { return Arange(a, 1); }},
       {"aten::arange.start", [](const auto& a) { return Arange(a, 2); }},
       {"aten::arange.start_step", [](const auto& a) { return Arange(a, 3); }},

@@ -1,6 +1,7 @@
 // Building the per-device program: values with their global layout, local ops, collectives.
 #pragma once
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "partition/program.h"
@@ -35,10 +36,25 @@ class ProgramBuilder {
   std::vector<ir::NodePtr>& nodes() { return nodes_; }
   std::vector<CollectiveStat>& collectives() { return collectives_; }
 
+  // Reshard cache (GSPMD's PartitionedHlo reshard cache): a value moved to a layout once is
+  // reused by every later consumer that wants the same layout, instead of repeating the
+  // collectives (e.g. one all-reduce of a partial sum read by two ops).
+  const LocalValue* FindReshard(const ir::Value& v, const Sharding& from, const Sharding& to) const;
+  void AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
+                  const LocalValue& result);
+
  private:
+  struct ReshardEntry;
   MeshPtr mesh_;
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
+  std::unordered_multimap<Hash, ReshardEntry> reshards_;
+};
+
+struct ProgramBuilder::ReshardEntry {
+  ir::Value value;
+  Sharding from, to;
+  LocalValue result;
 };
 
 // Moves a value into another layout with the collectives it takes (see reshard.cc).

@@ -17,7 +17,7 @@ TensorType TypeOf(const at::Tensor& t) {
 
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label) {
   auto buf = std::make_shared<DeviceBuffer>();
-  int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  int64_t bytes = tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
   buf->alloc = DeviceSet::Get().Allocate(device, bytes, label);
   buf->tensor = std::move(tensor);
   return buf;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <set>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -82,6 +83,23 @@ bool SameAcrossDevices(const std::vector<const PerDevice*>& inputs, size_t num_d
   return true;
 }
 
+// Ops that draw random numbers. Devices holding the same tile of their result (replicas over
+// the axes that do not tile it) must draw the same numbers, or the "replicated" value differs
+// between devices; devices holding different tiles draw independently.
+bool IsRandomOp(const ir::OpInfo& op) {
+  static const std::set<std::string> names = {
+      "aten::bernoulli", "aten::bernoulli_", "aten::native_dropout", "aten::rand",
+      "aten::rand_like", "aten::randn", "aten::randn_like", "aten::randint",
+      "aten::randint_like", "aten::randperm", "aten::normal", "aten::normal_",
+      "aten::uniform_", "aten::random_", "aten::exponential_", "aten::geometric_",
+      "aten::cauchy_", "aten::log_normal_", "aten::multinomial", "aten::poisson",
+      "aten::rrelu_with_noise", "aten::_fused_dropout", "aten::_standard_gamma"};
+  if (names.count(op.name)) return true;
+  for (const ir::ArgSchema& a : op.args)
+    if (a.type == ir::ArgType::kGenerator) return true;
+  return false;
+}
+
 }  // namespace
 
 Executable::Executable(partition::Program program) : program_(std::move(program)) { Lower(); }
@@ -152,7 +170,21 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
   // Devices whose inputs are the very same host tensors compute the same result: run the
   // kernel once per distinct input set (a replicated op runs once, not once per device).
   std::vector<std::vector<size_t>> groups;
-  if (inputs.empty() || SameAcrossDevices(inputs, num_devices)) {
+  const bool random = IsRandomOp(*node.op()) && !node.shardings().empty() &&
+                      node.shardings()[0].valid();
+  if (random) {
+    // One draw per tile of the result, shared by the devices holding that tile.
+    const Sharding& layout = node.shardings()[0];
+    std::map<std::vector<int64_t>, size_t> group_of;
+    for (size_t d = 0; d < num_devices; ++d) {
+      std::vector<int64_t> tile;
+      for (int64_t dim = 0; dim < layout.rank(); ++dim)
+        tile.push_back(layout.TileIndex(dim, static_cast<int64_t>(d)));
+      auto it = group_of.emplace(tile, groups.size()).first;
+      if (it->second == groups.size()) groups.emplace_back();
+      groups[it->second].push_back(d);
+    }
+  } else if (inputs.empty() || SameAcrossDevices(inputs, num_devices)) {
     groups.emplace_back();
     for (size_t d = 0; d < num_devices; ++d) groups.back().push_back(d);
   } else {
@@ -205,8 +237,11 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
                outs.size(), " tensors but ", ins.outputs.size(), " were expected");
     for (size_t o = 0; o < outs.size(); ++o) {
       const TensorType& want = node.output(o);
-      SPMD_CHECK(outs[o].sizes().vec() == want.shape &&
-                     FromScalarType(outs[o].scalar_type()) == want.dtype,
+      // A result the op was asked not to compute (output_mask false: layer/batch norm
+      // backward without weight) comes back undefined.
+      bool undefined_ok = want.dtype == DType::kUndefined && !outs[o].defined();
+      SPMD_CHECK(undefined_ok || (outs[o].sizes().vec() == want.shape &&
+                                  FromScalarType(outs[o].scalar_type()) == want.dtype),
                  "internal error: ", node.op()->qualified, " produced ",
                  TypeOf(outs[o]).ToString(), " where the program expects ", want.ToString());
       if (label.empty()) label = node.op()->qualified + " -> " + want.ToString();
