@@ -53,6 +53,12 @@ const LocalValue* ProgramBuilder::FindReshard(const ir::Value& v, const Sharding
 void ProgramBuilder::AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
                                 const LocalValue& result) {
   reshards_.emplace(ReshardKey(v, from, to), ReshardEntry{v, from, to, result});
+  if (from.IsPartial() && !to.IsPartial()) resolved_.emplace(std::make_pair(v.node.get(), v.index), result);
+}
+
+const LocalValue* ProgramBuilder::FindResolved(const ir::Value& v) const {
+  auto it = resolved_.find({v.node.get(), v.index});
+  return it == resolved_.end() ? nullptr : &it->second;
 }
 
 std::vector<ir::Arg> WithScalarSlots(std::vector<ir::Arg> args, int32_t first_slot) {

@@ -42,6 +42,9 @@ class ProgramBuilder {
   const LocalValue* FindReshard(const ir::Value& v, const Sharding& from, const Sharding& to) const;
   void AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
                   const LocalValue& result);
+  // A reduced (non-partial) version of pending partial value `v` already in the program, if a
+  // consumer needed one: a graph output can use it instead of staying pending.
+  const LocalValue* FindResolved(const ir::Value& v) const;
 
  private:
   struct ReshardEntry;
@@ -49,6 +52,7 @@ class ProgramBuilder {
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
   std::unordered_multimap<Hash, ReshardEntry> reshards_;
+  std::map<std::pair<const ir::Node*, int>, LocalValue> resolved_;
 };
 
 struct ProgramBuilder::ReshardEntry {

@@ -102,6 +102,14 @@ void RegisterPointwiseRules() {
                  "aten::rand", "aten::randn", "aten::new_zeros", "aten::new_ones",
                  "aten::new_full", "aten::new_empty", "aten::new_empty_strided"},
                 Factory);
+  // Registered last: these override the plain pointwise entries above.
+  // Linear in their tensor operand(s), the others fixed: pending partial sums pass through.
+  // (mul is linear in either factor; div in its numerator.)
+  RegisterRules({"aten::neg", "aten::clone", "aten::detach_copy", "aten::alias_copy",
+                 "aten::lift_fresh_copy", "aten::mul"},
+                LinearIn(Pointwise, {-1}));
+  RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
+  RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));
 }
 
 }  // namespace spmd::partition
