@@ -58,7 +58,8 @@ PerDevice Finish(const Call& c, const DeviceTensors& out) {
                    FromScalarType(out[d].scalar_type()) == want.dtype,
                "internal error: ", c.node.op()->qualified, " produced ",
                TypeOf(out[d]).ToString(), " where the program expects ", want.ToString());
-    result[d] = MakeBuffer(d, out[d], label);
+    // Contiguous like every other buffer (see Executable::RunAtenOp).
+    result[d] = MakeBuffer(d, out[d].is_contiguous() ? out[d] : out[d].contiguous(), label);
   }
   return result;
 }

