@@ -394,8 +394,10 @@ def test_layer_norm_and_backward(affine, mesh_shape, spec):
         fn = lambda x: F.layer_norm(x, (6,))  # noqa: E731
         inputs, specs = [T(5, 10, 6)], [spec]
     free = spec[2] is None
+    # Batch dims pass through; the weight/bias gradients sum over them and stay pending.
     check(fn, inputs, specs, mesh, grad=True,
-          fwd=[] if free and (not affine or w_spec == (None,)) else None)
+          fwd=[] if free and (not affine or w_spec == (None,)) else None,
+          bwd=[] if free and (not affine or w_spec == (None,)) else None)
     # Two normalized dims.
     check(lambda x: F.layer_norm(x, (10, 6)), [T(5, 10, 6)], [spec], mesh, grad=True)
 
@@ -420,7 +422,7 @@ def test_batch_norm_and_backward(training, mesh_shape, spec):
         # Eval is per-channel elementwise: no data moves when the channels are the only tiled
         # dim of the input and the parameters follow them.
         check(fn, [x, w, b, rm, rv], [(None, spec[1], None, None), c_spec, c_spec, c_spec, c_spec],
-              mesh, grad=[0, 1, 2], fwd=[])
+              mesh, grad=[0, 1, 2], fwd=[], bwd=[])
 
 
 def test_batch_norm_updates_running_stats():
@@ -459,7 +461,7 @@ def test_embedding_with_sharded_indices_is_free():
     mesh = mesh_of((4, 2))
     idx = torch.tensor([[3, 0, 9], [3, 7, 1], [1, 4, 9], [2, 5, 0]])
     check(lambda w, i: F.embedding(i, w), [T(10, 6), idx], [(None, "model"), ("data", None)], mesh,
-          grad=[0], fwd=[])
+          grad=[0], fwd=[], bwd=[])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,3 +814,39 @@ def test_megatron_bias_dynamic_optimizer_scalars_recompile_free():
     assert compiles[2] == compiles[1], compiles  # steps 2 and 3 differ only in lr
     for p, q in zip(model.parameters(), cpu.parameters()):
         assert_same(p.detach().cpu(), q.detach(), "param")
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw", "rmsprop", "adagrad"])
+@pytest.mark.parametrize("mesh_shape,spec", [((8,), ("x", None)), ((4, 2), ("model", "data")),
+                                             ((2, 2, 2), (("a", "c"), None))])
+def test_optimizer_update_is_local(name, mesh_shape, spec):
+    # Parameters and gradients sharded alike: every optimizer update is elementwise on the
+    # shards: no collective, no fallback, in every step (state created on the first).
+    import torch_spmd
+    from spmd_diff import step, to_device
+    mesh = mesh_of(mesh_shape)
+    p_cpu = torch.nn.Parameter(T(10, 6))
+    p_dev = torch.nn.Parameter(to_device(T(10, 6), mesh, spec, poison=False))
+    opt_cpu = OPTIMIZERS[name]([p_cpu])
+    opt_dev = OPTIMIZERS[name]([p_dev])
+    for it in range(3):
+        g = T(10, 6, seed=10 + it)
+        p_cpu.grad = g.clone()
+        p_dev.grad = to_device(g, mesh, spec)
+        step([])
+        opt_cpu.step()
+        opt_dev.step()
+        stats = step([p_dev])
+        assert stats["collectives"] == [], (it, stats["collectives"])
+        assert not stats["replicated_fallback_ops"], stats["replicated_fallback_ops"]
+        assert_same(p_dev.detach().cpu(), p_cpu.detach(), f"param after step {it}")
+    assert torch_spmd._C._get_sharding_spec(p_dev) != "", "the parameter lost its sharding"
+
+
+def test_addmm_beta_zero_ignores_nan_bias():
+    mesh = mesh_of((4, 2))
+    bias = torch.full((5,), float("nan"), dtype=torch.float64)
+    for specs in [[None, (None, "model"), ("model", None)], [None, ("data", None), (None, "model")]]:
+        r = check(lambda b, x, w: torch.addmm(b, x, w, beta=0, alpha=1.5), [bias, T(10, 6), T(6, 5)],
+                  specs, mesh)
+        assert torch.isfinite(r.dev_out[0]).all()

@@ -56,9 +56,16 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
                                {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, local, layout, n.output(0));
     const bool keep_partial = IsFloatingPoint(n.output(0).dtype);
     if (!keep_partial) prod = b.Resolve(prod);
+    const ir::Arg beta = b.node_arg(3);
+    if (beta.is_scalar() && !beta.dynamic && beta.ScalarValue() == 0.0) {
+      // beta = 0 ignores the bias entirely (NaN/inf in it must not propagate, as in ATen).
+      return std::vector<LocalValue>{b.EmitOp(
+          "aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+          {prod.value}, {ir::Arg::Tensor(0), b.node_arg(4)}, prod.value.type(), prod.layout,
+          n.output(0))};
+    }
     // add(bias * beta [/ n], prod, alpha).
     ir::Value bias_v = ops[bias].value;
-    const ir::Arg beta = b.node_arg(3);
     ir::Arg bias_scale = beta;
     if (keep_partial) {
       double n_members = static_cast<double>(AxesSize(b.mesh(), b.factor_axes()[k]));
