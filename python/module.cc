@@ -1,6 +1,11 @@
 // torch_spmd._C: bindings only. Logic lives in csrc/.
 #include <torch/csrc/utils/pybind.h>
 
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <chrono>
+
 #include "bindings.h"
 
 #include "aten/backend.h"
@@ -69,17 +74,21 @@ void BindGraph(py::module_& m) {
   m.def("_partitioned_program", &aten::PartitionedProgramText);
   m.def("_last_step_stats", [] {
     partition::ProgramStats s = aten::LastStepStats();
-    py::list collectives;
-    for (const auto& c : s.collectives) {
-      py::dict d;
-      d["kind"] = c.kind;
-      d["axes"] = c.axes;
-      d["group_size"] = c.group_size;
-      d["bytes"] = c.bytes;
-      collectives.append(d);
-    }
+    auto to_list = [](const std::vector<partition::CollectiveStat>& stats) {
+      py::list out;
+      for (const auto& c : stats) {
+        py::dict d;
+        d["kind"] = c.kind;
+        d["axes"] = c.axes;
+        d["group_size"] = c.group_size;
+        d["bytes"] = c.bytes;
+        out.append(d);
+      }
+      return out;
+    };
     py::dict d;
-    d["collectives"] = collectives;
+    d["collectives"] = to_list(s.collectives);
+    d["pending_reductions"] = to_list(s.pending_reductions);
     d["peak_bytes_per_device"] = s.peak_bytes_per_device;
     d["flops_per_device"] = s.flops_per_device;
     d["replicated_fallback_ops"] = s.replicated_fallback_ops;
@@ -88,6 +97,18 @@ void BindGraph(py::module_& m) {
   m.def("_compile_cache_size", [] { return runtime::CompileCache::Get().size(); });
   m.def("_clear_compile_cache", [] { runtime::CompileCache::Get().Clear(); });
   m.def("_live_tensor_count", &aten::LiveSlotCount);
+  // Seconds to call the boxed CPU kernel of aten::add.Tensor on 4x4 floats `n` times: the
+  // kernel cost that benchmarks/overhead.py subtracts from per-node replay time.
+  m.def("_time_boxed_add", [](int64_t n) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::add", "Tensor");
+    at::Tensor a = at::randn({4, 4}), b = at::randn({4, 4});
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<c10::IValue> stack{a, b, c10::Scalar(1)};
+      op.callBoxed(&stack);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
 }
 
 }  // namespace
@@ -100,6 +121,12 @@ PYBIND11_MODULE(_C, m) {
       if (p) std::rethrow_exception(p);
     } catch (const c10::ValueError& e) {
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
@@ -109,4 +136,5 @@ PYBIND11_MODULE(_C, m) {
   spmd::BindGraph(m);
   spmd::BindSharding(m);
   spmd::BindCollectives(m);
+  spmd::BindReplica(m);
 }

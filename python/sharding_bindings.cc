@@ -60,6 +60,23 @@ void BindSharding(py::module_& m) {
   });
   m.def("_load_local_shards", &aten::LoadLocalShards);
   m.def(
+      "_get_sharding_axes",
+      [](const at::Tensor& t) -> py::object {
+        Sharding s = aten::GetSharding(t);
+        if (!s.valid() || s.is_manual()) return py::none();
+        s = s.WithoutPartial();  // users never see pending partial sums
+        py::dict d;
+        d["device_ids"] = s.mesh().device_ids();
+        d["mesh_shape"] = s.mesh().shape();
+        d["axis_names"] = s.mesh().axis_names();
+        d["dim_axes"] = s.dim_axes();
+        return std::move(d);
+      },
+      py::arg("tensor"),
+      "The named-axis form of a tensor's sharding (dict with device_ids, mesh_shape, "
+      "axis_names, dim_axes), or None when it has none (or is manual). Inverse of the "
+      "arguments of _mark_sharding; sharded checkpoints record it as the mesh and spec.");
+  m.def(
       "_parse_sharding_spec",
       [](const std::string& text) {
         TileAssignment ta = TileAssignment::Parse(text);

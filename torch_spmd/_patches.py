@@ -2,9 +2,12 @@
 
 - ``repr``/``print``: ``torch._tensor_str`` only copies xla/lazy/ipu tensors to the host first.
 - pickling (``torch.save``, ``copy.deepcopy``): the functionalization wrapper has no storage
-  that Python may touch; we pickle the host value and rebuild on the device, the same way
-  torch pickles xla tensors.
+  that Python may touch; we pickle the host value and rebuild on the device, the way torch
+  pickles xla tensors. Unlike xla's, the host value's storage is tagged with the spmd device's
+  location, so ``torch.load(..., map_location="cpu")`` (or any map_location) applies to it.
 """
+import weakref
+
 import torch
 
 from ._device import is_spmd_tensor
@@ -14,21 +17,73 @@ _orig_reduce_ex = torch.Tensor.__reduce_ex__
 _orig_deepcopy = torch.Tensor.__deepcopy__
 
 
-def _spmd_repr(self, *args, **kwargs):
+def _spmd_repr(self, *, tensor_contents=None):
+    """Formats an spmd tensor the way torch formats a tensor on a non-default device (cuda,
+    xla): the values of its host copy, then ``device=...``, dtype/size and autograd suffixes.
+    Functionalization wrappers would otherwise print as ``_to_functional_tensor(...)``."""
     if not is_spmd_tensor(self):
-        return _orig_repr(self, *args, **kwargs)
+        return _orig_repr(self, tensor_contents=tensor_contents)
+    from torch import _tensor_str as ts
     with torch.no_grad():
-        host = self.detach().cpu()
-    text = _orig_repr(host, *args, **kwargs)
-    suffix = f", device='{self.device}'"
-    if self.requires_grad:
-        suffix += ", requires_grad=True"
-    return text[:-1] + suffix + ")" if text.endswith(")") else text + suffix
+        # (not self.detach(): see backend.cc on detached views on torch 1.13)
+        host = self.cpu()
+    prefix = "tensor("
+    indent = len(prefix)
+    suffixes = ["device='" + str(self.device) + "'"]
+    default_complex = torch.cdouble if torch.get_default_dtype() == torch.double else torch.cfloat
+    has_default_dtype = host.dtype in (torch.get_default_dtype(), default_complex, torch.int64,
+                                       torch.bool)
+    if host.numel() == 0:
+        if host.dim() != 1:
+            suffixes.append("size=" + str(tuple(host.shape)))
+        if host.dtype != torch.get_default_dtype():
+            suffixes.append("dtype=" + str(host.dtype))
+        tensor_str = "[]"
+    else:
+        if not has_default_dtype:
+            suffixes.append("dtype=" + str(host.dtype))
+        tensor_str = ts._tensor_str(host, indent)
+    if tensor_contents is not None:
+        tensor_str = tensor_contents
+    if self.grad_fn is not None:
+        name = type(self.grad_fn).__name__
+        if name == "CppFunction":
+            name = self.grad_fn.name().rsplit("::", 1)[-1]
+        suffixes.append("grad_fn=<{}>".format(name))
+    elif self.requires_grad:
+        suffixes.append("requires_grad=True")
+    return ts._add_suffixes(prefix + tensor_str, suffixes, indent, force_newline=False)
+
+
+_LOCATION = "privateuseone:0"
+# data_ptr -> host copy being pickled now (their storages are tagged _LOCATION by _spmd_tag).
+_saving = {}
+# data_ptrs of storages torch.load restored to _LOCATION (not remapped by map_location).
+_restored_for_device = set()
+
+
+def _spmd_tag(storage):
+    ref = _saving.get(storage.data_ptr())
+    if ref is not None and ref() is not None:
+        return _LOCATION
+    return None
+
+
+def _spmd_deserialize(storage, location):
+    if location.startswith("privateuseone"):
+        _restored_for_device.add(storage.data_ptr())
+        return storage
+    return None
 
 
 def _rebuild_spmd_tensor(host, requires_grad):
-    from ._device import device
-    t = host.to(device())
+    ptr = host.data_ptr()
+    if ptr in _restored_for_device or host.numel() == 0:
+        _restored_for_device.discard(ptr)
+        from ._device import device
+        t = host.to(device())
+    else:
+        t = host  # map_location sent the storage elsewhere
     t.requires_grad_(requires_grad)
     return t
 
@@ -40,7 +95,12 @@ def _rebuild_spmd_parameter(host, requires_grad):
 def _spmd_reduce_ex(self, proto):
     if not is_spmd_tensor(self):
         return _orig_reduce_ex(self, proto)
-    host = self.detach().cpu()
+    with torch.no_grad():
+        host = self.cpu().clone()  # its own storage, offset 0: the storage is the tensor
+    if host.numel() > 0:
+        for ptr in [p for p, r in _saving.items() if r() is None]:
+            del _saving[ptr]
+        _saving[host.data_ptr()] = weakref.ref(host)
     if isinstance(self, torch.nn.Parameter):
         return (_rebuild_spmd_parameter, (host, self.requires_grad))
     return (_rebuild_spmd_tensor, (host, self.requires_grad))
@@ -52,7 +112,7 @@ def _spmd_deepcopy(self, memo):
     if id(self) in memo:
         return memo[id(self)]
     with torch.no_grad():
-        new = self.detach().clone()
+        new = self.clone()
     if isinstance(self, torch.nn.Parameter):
         new = torch.nn.Parameter(new, self.requires_grad)
     else:
@@ -64,6 +124,8 @@ def _spmd_deepcopy(self, memo):
 
 
 def install():
+    # Before the CPU tagger (priority 10): our host copies' storages are CPU storages.
+    torch.serialization.register_package(5, _spmd_tag, _spmd_deserialize)
     torch.Tensor.__repr__ = _spmd_repr
     torch.Tensor.__reduce_ex__ = _spmd_reduce_ex
     torch.Tensor.__deepcopy__ = _spmd_deepcopy

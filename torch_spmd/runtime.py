@@ -1,13 +1,17 @@
 """PyTorch/XLA's ``torch_xla.runtime`` (``xr``) for the emulated spmd device set.
 
-There is one process and one logical torch device (``torch_spmd.device()``); behind it sit N
-emulated physical devices. As in PyTorch/XLA's SPMD mode, the *logical* counts
+In SPMD mode there is one process and one logical torch device (``torch_spmd.device()``);
+behind it sit N emulated physical devices. As in PyTorch/XLA's SPMD mode, the *logical* counts
 (``global_device_count``, ``world_size``, ...) are 1 and the ordinals 0, while the *runtime*
 counts (``global_runtime_device_count``) are the number of emulated devices.
 
 The device set is created on first use from ``SPMD_NUM_DEVICES`` (default 8) and
 ``SPMD_DEVICE_MEMORY`` (default ``16GiB``); ``configure_devices`` replaces it while no buffer is
 live.
+
+In multi-process mode (``torch_spmd.distributed.xla_multiprocessing.spawn``) each process is one
+replica with one emulated device; the logical counts and ordinals then describe the world of
+processes, while the runtime device counts stay those of this process's device set.
 """
 import os
 from typing import Optional, Union
@@ -56,9 +60,16 @@ def addressable_runtime_device_count() -> int:
     return _C._num_devices()
 
 
+def _world():
+    from .distributed import _process_world  # (late: that module imports this package's _C)
+    return _process_world.current()
+
+
 def global_device_count() -> int:
-    """Logical torch devices across processes: 1, as in PyTorch/XLA's SPMD mode."""
-    return 1
+    """Logical torch devices across processes: 1 in SPMD mode, as in PyTorch/XLA; one per
+    replica process in multi-process mode (xmp.spawn)."""
+    world = _world()
+    return world.world_size if world is not None else 1
 
 
 def addressable_device_count() -> int:
@@ -67,28 +78,32 @@ def addressable_device_count() -> int:
 
 
 def world_size() -> int:
-    """Number of participating replicas: 1 (one SPMD program drives every device)."""
-    return 1
+    """Number of participating replicas: 1 in SPMD mode (one SPMD program drives every
+    device), the number of replica processes in multi-process mode."""
+    world = _world()
+    return world.world_size if world is not None else 1
 
 
 def global_ordinal() -> int:
-    """This replica's global ordinal: 0."""
-    return 0
+    """This replica's global ordinal: 0 in SPMD mode, the process rank in multi-process mode."""
+    world = _world()
+    return world.rank if world is not None else 0
 
 
 def local_ordinal() -> int:
-    """This replica's ordinal on its host: 0."""
-    return 0
+    """This replica's ordinal on its host: 0 in SPMD mode."""
+    world = _world()
+    return world.local_rank if world is not None else 0
 
 
 def process_index() -> int:
-    """Index of this process: 0 (single process)."""
-    return 0
+    """Index of this process: 0 with a single process, the rank in multi-process mode."""
+    return global_ordinal()
 
 
 def process_count() -> int:
-    """Number of processes: 1."""
-    return 1
+    """Number of processes: 1, or the world size in multi-process mode."""
+    return world_size()
 
 
 def runtime_device_attributes(device: Union[str, int]) -> dict:

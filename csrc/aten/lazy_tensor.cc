@@ -3,6 +3,8 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "runtime/device_data.h"
 
 namespace spmd::aten {
@@ -24,16 +26,11 @@ struct SlotRegistry {
     }
   }
   void Compact() {
-    // No self-move: libstdc++'s weak_ptr move assignment empties a self-assigned pointer,
-    // which silently dropped every live slot before the first dead one (and with it their
-    // pending values from mark_step).
-    size_t keep = 0;
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i].expired()) continue;
-      if (i != keep) slots[keep] = std::move(slots[i]);
-      ++keep;
-    }
-    slots.resize(keep);
+    // (std::remove_if, not a hand-written loop: self-move-assigning a weak_ptr empties it,
+    // which dropped every live slot here and made mark_step sync nothing.)
+    slots.erase(std::remove_if(slots.begin(), slots.end(),
+                               [](const std::weak_ptr<LazySlot>& w) { return w.expired(); }),
+                slots.end());
   }
 };
 

@@ -16,6 +16,9 @@ namespace spmd::aten {
 
 struct LazySlot {
   ir::Value value;
+  // The user's sharding annotation (xs.mark_sharding). It belongs to the tensor, as in
+  // PyTorch/XLA: in-place updates (an optimizer step) keep the tensor in this layout.
+  Sharding annotation;
 };
 using SlotPtr = std::shared_ptr<LazySlot>;
 

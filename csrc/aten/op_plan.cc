@@ -2,7 +2,10 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
 #include <memory>
+
+#include "aten/recorder.h"
 
 namespace spmd::aten {
 
@@ -42,6 +45,51 @@ ir::ArgType ClassifyArg(const c10::TypePtr& real_type, bool* optional) {
   }
 }
 
+// Arguments that CPU kernels write although the schema does not say so. Without this the
+// update is lost (functionalization sees a pure op) and, worse, replay would write into an
+// immutable device buffer.
+const std::vector<int>* HiddenWrites(const std::string& qualified) {
+  static const auto* table = new std::unordered_map<std::string, std::vector<int>>{
+      // (input, weight, bias, running_mean, running_var, training, momentum, eps)
+      {"aten::native_batch_norm", {3, 4}},
+  };
+  auto it = table->find(qualified);
+  return it == table->end() ? nullptr : &it->second;
+}
+
+// Ops with non-tensor results that depend only on their arguments' sizes and dtypes, never on
+// values. They would otherwise run eagerly, which materializes (syncs) their inputs.
+bool IsMetadataQuery(const std::string& qualified) {
+  return qualified == "aten::is_same_size" || qualified == "aten::_has_same_storage_numel" ||
+         qualified == "aten::is_pinned";
+}
+
+// Whether `schema` is a view op: its first return aliases its first argument without writing.
+bool IsViewSchema(const c10::FunctionSchema& schema) {
+  if (schema.arguments().empty() || schema.returns().empty()) return false;
+  const auto& in = schema.arguments()[0].alias_info();
+  const auto& out = schema.returns()[0].alias_info();
+  return in && out && !in->isWrite() && !out->isWrite();
+}
+
+// The view op behind `schema`: itself if it is a view, or `aten::X[.overload]` for a functional
+// view copy `aten::X_copy[.overload]` (what functionalization records instead of X).
+const c10::OperatorHandle* FindViewOp(const c10::FunctionSchema& schema) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const std::string& name = schema.name();
+  c10::optional<c10::OperatorHandle> view;
+  if (IsViewSchema(schema)) {
+    view = dispatcher.findOp(c10::OperatorName(name, schema.overload_name()));
+  } else if (name.size() > 5 && name.compare(name.size() - 5, 5, "_copy") == 0 &&
+             name != "aten::_to_copy" && name != "aten::_copy_from") {
+    auto op = dispatcher.findOp(
+        c10::OperatorName(name.substr(0, name.size() - 5), schema.overload_name()));
+    if (op && op->hasSchema() && IsViewSchema(op->schema())) view = *op;
+  }
+  if (!view || !view->hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) return nullptr;
+  return new c10::OperatorHandle(*view);  // lives as long as the plan
+}
+
 std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
   auto plan = std::make_unique<OpPlan>();
   plan->handle = new c10::OperatorHandle(op);
@@ -50,11 +98,14 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
   if (!schema.overload_name().empty()) qualified += "." + schema.overload_name();
 
   std::vector<ir::ArgSchema> args;
+  const std::vector<int>* hidden = HiddenWrites(qualified);
   for (const c10::Argument& a : schema.arguments()) {
     ir::ArgSchema as;
     as.name = a.name();
     as.type = ClassifyArg(a.real_type(), &as.optional);
     as.is_write = a.alias_info() && a.alias_info()->isWrite();
+    if (hidden && std::count(hidden->begin(), hidden->end(), static_cast<int>(args.size())))
+      as.is_write = true;
     if (as.type == ir::ArgType::kOther) {
       plan->eager_only = true;
       plan->eager_reason = "argument type not recordable";
@@ -82,23 +133,30 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
     }
     plan->return_alias.push_back(alias);
   }
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool returned = std::count(plan->return_alias.begin(), plan->return_alias.end(),
+                               static_cast<int>(i)) > 0;
+    if (args[i].is_write && args[i].type == ir::ArgType::kTensor && !returned)
+      plan->written_args.push_back(static_cast<int>(i));
+  }
+  bool has_generator = std::any_of(args.begin(), args.end(), [](const ir::ArgSchema& a) {
+    return a.type == ir::ArgType::kGenerator;
+  });
+  plan->reseed_default_generator =
+      !has_generator && op.hasTag(at::Tag::nondeterministic_seeded);
   plan->info = ir::InternOp(qualified, std::move(args), static_cast<int>(schema.returns().size()));
   plan->special = FindSpecialKernel(qualified);
+  if (!plan->special && IsMetadataQuery(qualified)) plan->special = AnswerFromMetadata;
+  if (!plan->special && (qualified == "aten::_reshape_alias_copy" || qualified == "aten::_reshape_alias"))
+    plan->special = RecordReshapeAliasAsView;
+  plan->view_op = FindViewOp(schema);
 
+  bool has_meta = op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta);
   if (const ShapeFn* fn = FindCustomShapeFn(qualified)) {
     plan->custom_shape = *fn;
-  } else if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
+  } else if (!has_meta) {
     plan->eager_only = true;
     plan->eager_reason = "no meta kernel";
-  } else {
-    // Meta kernels registered from Python (torch/_meta_registrations.py) cost ~50 us a call.
-    std::string table = op.dumpComputedTable();
-    auto pos = table.find("\nMeta: ");
-    if (pos == std::string::npos && table.rfind("Meta: ", 0) == 0) pos = 0;
-    if (pos != std::string::npos) {
-      auto end = table.find('\n', pos + 1);
-      plan->cache_shapes = table.substr(pos, end - pos).find("/dev/null") != std::string::npos;
-    }
   }
   return plan;
 }
@@ -106,13 +164,19 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
 }  // namespace
 
 OpPlan& GetOpPlan(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema* key = &op.schema();
+  // Plans live forever, so each thread can remember the ones it saw without locking (this runs
+  // once per recorded op).
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpPlan*> seen;
+  auto hit = seen.find(key);
+  if (hit != seen.end()) return *hit->second;
   static std::mutex mu;
   static auto* plans = new std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpPlan>>();
-  const c10::FunctionSchema* key = &op.schema();
   std::lock_guard<std::mutex> lock(mu);
   auto it = plans->find(key);
-  if (it != plans->end()) return *it->second;
-  return *plans->emplace(key, BuildPlan(op)).first->second;
+  if (it == plans->end()) it = plans->emplace(key, BuildPlan(op)).first;
+  seen.emplace(key, it->second.get());
+  return *it->second;
 }
 
 }  // namespace spmd::aten

@@ -1,6 +1,7 @@
 #include "aten/recorder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -60,7 +61,15 @@ class ArgConverter {
   bool unsupported = false;
 
   std::vector<Arg>& args() { return args_; }
-  std::vector<c10::IValue>& meta() { return meta_; }
+  // The arguments with every spmd tensor replaced by a meta tensor of its type, for shape
+  // inference. Built on first use: a shape-cache hit never needs it.
+  std::vector<c10::IValue>& meta() {
+    if (deferred_meta_) {
+      deferred_meta_ = false;
+      for (size_t i = 0; i < meta_.size(); ++i) meta_[i] = ToMeta(meta_[i], plan_.info->args[i].type);
+    }
+    return meta_;
+  }
   LazyImpl* impl(size_t arg) const { return impls_[arg]; }
   uint64_t signature() const { return signature_; }
 
@@ -69,6 +78,13 @@ class ArgConverter {
 
   void Convert(size_t i, const c10::IValue& v) {
     const ir::ArgSchema& schema = plan_.info->args[i];
+    if (schema.type == ir::ArgType::kGenerator) {  // usually None: the default generator
+      args_.push_back(SeedArg(v.isNone() ? at::detail::getDefaultCPUGenerator()
+                                         : v.toGenerator()));
+      meta_.push_back(c10::IValue());
+      Mix(7);
+      return;
+    }
     if (v.isNone()) {
       args_.push_back(Arg::None());
       meta_.push_back(v);
@@ -102,7 +118,9 @@ class ArgConverter {
         a.kind = Arg::Kind::kOptTensorList;
         c10::List<c10::optional<at::Tensor>> meta_list;
         for (const c10::IValue& e : v.toListRef()) {
-          if (e.isNone()) {
+          // Python indexing (a[:, idx]) passes undefined tensors, not None, for the sliced
+          // dims: both mean "no index here".
+          if (e.isNone() || !e.toTensor().defined()) {
             a.ints.push_back(-1);
             meta_list.push_back(c10::nullopt);
             Mix(2);
@@ -131,11 +149,6 @@ class ArgConverter {
         meta_.push_back(c10::IValue(c10::Device(c10::kMeta)));
         Mix(4);
         return;
-      case ir::ArgType::kGenerator:
-        // Replay draws from the host's default generator.
-        args_.push_back(Arg::None());
-        meta_.push_back(c10::IValue());
-        return;
       default:
         args_.push_back(ConvertPlain(schema.type, v));
         meta_.push_back(v);
@@ -144,6 +157,26 @@ class ArgConverter {
     }
   }
 
+ public:
+  // A random op draws its seed at record time, from the generator it was given (or the
+  // default CPU generator), and replays with a generator seeded with it (ops without a
+  // Generator argument get the seed as an extra trailing arg; replay reseeds the default
+  // generator around the kernel). So a node gives the same values every time it runs: it runs
+  // again when a later graph needs it (its output and a value computed from it may be synced
+  // separately; dropout's mask feeds the backward), and torch.manual_seed makes device
+  // randomness reproducible. The seed is a run-time scalar: it does not change the graph key.
+  static Arg SeedArg(at::Generator gen) {
+    Arg a;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      a.i = static_cast<int64_t>(at::check_generator<at::CPUGeneratorImpl>(gen)->random64() >> 1);
+    }
+    a.kind = Arg::Kind::kScalarInt;
+    a.dynamic = true;
+    return a;
+  }
+
+ private:
   Arg ConvertPlain(ir::ArgType type, const c10::IValue& v) {
     switch (type) {
       case ir::ArgType::kInt:
@@ -193,9 +226,8 @@ class ArgConverter {
       if (impl_out) *impl_out = impl;
       any_lazy = true;
       const TensorType& type = impl->slot()->value.type();
-      *meta = at::empty(type.shape, at::TensorOptions()
-                                        .dtype(runtime::ToScalarType(type.dtype))
-                                        .device(c10::kMeta));
+      *meta = t;  // replaced by a meta tensor only if shape inference runs (see meta())
+      deferred_meta_ = true;
       Mix(HashCombine(HashInt(static_cast<int64_t>(type.dtype)), HashInts(type.shape)));
       return AddInput(impl->slot()->value);
     }
@@ -221,6 +253,33 @@ class ArgConverter {
     return Arg::Tensor(static_cast<int64_t>(inputs.size()) - 1);
   }
 
+  static at::Tensor MetaOf(const at::Tensor& t) {
+    LazyImpl* impl = t.defined() ? TryGetLazyImpl(t) : nullptr;
+    if (!impl) return t;
+    const TensorType& type = impl->slot()->value.type();
+    return at::empty(type.shape,
+                     at::TensorOptions().dtype(runtime::ToScalarType(type.dtype)).device(c10::kMeta));
+  }
+
+  // Only tensor-typed arguments are touched: every IValue list has the same tag in torch 1.13,
+  // so the schema type is what tells an int list from a list of optional tensors.
+  static c10::IValue ToMeta(const c10::IValue& v, ir::ArgType type) {
+    if (type == ir::ArgType::kTensor && v.isTensor()) return MetaOf(v.toTensor());
+    if (type == ir::ArgType::kTensorList && v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(MetaOf(t));
+      return list;
+    }
+    if (type == ir::ArgType::kOptionalTensorList && v.isList()) {
+      c10::List<c10::optional<at::Tensor>> list;
+      for (const c10::IValue& e : v.toListRef())
+        list.push_back(e.isNone() ? c10::optional<at::Tensor>() : MetaOf(e.toTensor()));
+      return list;
+    }
+    return v;
+  }
+
+  bool deferred_meta_ = false;
   const OpPlan& plan_;
   std::vector<Arg> args_;
   std::vector<c10::IValue> meta_;
@@ -267,7 +326,85 @@ std::string DescribeInputs(const OpPlan& plan, c10::ArrayRef<c10::IValue> args) 
   return os.str() + ")";
 }
 
+// A meta tensor with the sizes, strides and storage offset of `impl`.
+at::Tensor MetaWithLayout(const LazyImpl* impl) {
+  auto options = at::TensorOptions().dtype(impl->dtype()).device(c10::kMeta);
+  int64_t extent = impl->storage_offset() + 1;
+  for (int64_t d = 0; d < impl->dim(); ++d) {
+    if (impl->sizes()[d] == 0) return at::empty_strided(impl->sizes(), impl->strides(), options);
+    extent += (impl->sizes()[d] - 1) * impl->strides()[d];
+  }
+  return at::empty({extent}, options)
+      .as_strided(impl->sizes(), impl->strides(), impl->storage_offset());
+}
+
+// A view must *describe itself* as a strided device's view would, whatever the layout of the
+// buffer behind it: autograd on 1.13 treats PrivateUse1 as supporting as_strided, so CopySlices (in-place
+// writes through views, e.g. a[:, 0] = 7) and view regeneration replay views of the base as
+// as_strided(view.sizes(), view.strides(), view.storage_offset()). A functionalization wrapper
+// reports its inner value's sizes and strides (custom sizes/strides policy), so each view
+// output gets the strides and storage offset that running the view op on a meta tensor with
+// its input's layout gives (layouts compose along view chains; the wrapper's own storage offset
+// is fixed in backend.cc). Buffers keep the layout their CPU kernel gave them; the few ops that
+// interpret strides (as_strided_copy/scatter on a root, which is described as contiguous) get
+// contiguous inputs at replay (executable.cc). A non-contiguous view now refuses .view()
+// exactly where a CPU tensor would.
+void ApplyViewLayout(const OpPlan& plan, const LazyImpl* in, torch::jit::Stack meta_stack,
+                     const std::vector<at::Tensor>& outputs) {
+  if (!plan.view_op || !in || outputs.empty()) return;
+  try {
+    meta_stack[0] = MetaWithLayout(in);
+    plan.view_op->callBoxed(&meta_stack);
+    std::vector<at::Tensor> metas;
+    for (const c10::IValue& v : meta_stack) {
+      if (v.isTensor()) metas.push_back(v.toTensor());
+      else if (v.isTensorList())
+        for (const at::Tensor& t : v.toTensorList()) metas.push_back(t);
+    }
+    if (metas.size() != outputs.size()) return;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      auto* out = dynamic_cast<LazyImpl*>(outputs[i].unsafeGetTensorImpl());
+      if (!out || out->sizes() != metas[i].sizes()) continue;
+      out->set_sizes_and_strides(metas[i].sizes(), metas[i].strides());
+      out->set_storage_offset(metas[i].storage_offset());
+    }
+  } catch (const std::exception&) {
+    // No layout for these arguments: the outputs keep contiguous metadata.
+  }
+}
+
+// A meta kernel written in Python (torch/_meta_registrations.py) that raises leaves the Python
+// error indicator set when it reaches us as a C++ exception (torch's python_error). Python
+// bindings restore it when they rethrow; when we handle the failure (by running the op eagerly)
+// it must be cleared, or the interpreter reports "returned a result with an exception set".
+// Declared weakly: the recorder does not depend on Python being there.
+extern "C" {
+int Py_IsInitialized(void) __attribute__((weak));
+int PyGILState_Ensure(void) __attribute__((weak));  // PyGILState_STATE is an int-sized enum
+void PyGILState_Release(int) __attribute__((weak));
+void PyErr_Clear(void) __attribute__((weak));
+}
+
 }  // namespace
+
+void ClearPendingPythonError(const std::exception& e) {
+  if (dynamic_cast<const c10::Error*>(&e)) return;  // a C++ kernel's error: nothing pending
+  if (!Py_IsInitialized || !PyGILState_Ensure || !PyGILState_Release || !PyErr_Clear) return;
+  if (!Py_IsInitialized()) return;
+  int state = PyGILState_Ensure();
+  PyErr_Clear();
+  PyGILState_Release(state);
+}
+
+void RecordReshapeAliasAsView(OpPlan& plan, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle view_copy =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::view_copy", "");
+  static const c10::OperatorHandle view =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
+  bool is_copy = plan.info->name == "aten::_reshape_alias_copy";
+  torch::jit::drop(*stack, 1);  // stride
+  RecordOp(GetOpPlan(is_copy ? view_copy : view), stack);
+}
 
 at::Tensor WrapOutput(const ir::Value& v, bool factory) {
   bool excluded =
@@ -341,6 +478,30 @@ void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
   }
 }
 
+void AnswerFromMetadata(OpPlan& plan, torch::jit::Stack* stack) {
+  // Ops such as is_same_size (called by autograd for every explicit grad_output) only read
+  // sizes/dtypes: answering them eagerly would materialize (sync) their inputs for nothing.
+  size_t num_args = plan.info->args.size();
+  auto args = torch::jit::last(*stack, num_args);
+  std::vector<c10::IValue> meta(args.begin(), args.end());
+  auto to_meta = [](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    if (LazyImpl* impl = TryGetLazyImpl(t)) {
+      const TensorType& type = impl->slot()->value.type();
+      return at::empty(type.shape, at::TensorOptions()
+                                       .dtype(runtime::ToScalarType(type.dtype))
+                                       .device(c10::kMeta));
+    }
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  };
+  for (c10::IValue& v : meta) {
+    if (v.isTensor()) v = to_meta(v.toTensor());
+  }
+  plan.handle->callBoxed(&meta);
+  torch::jit::drop(*stack, num_args);
+  for (c10::IValue& v : meta) stack->push_back(std::move(v));
+}
+
 void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   OpPlan& plan = GetOpPlan(op);
@@ -357,11 +518,11 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
 
   ShapeResult shapes;
   bool cached = false;
-  if (plan.cache_shapes) {
-    std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
+  {  // GraphMutex (held by LazyFallback) guards the plan's shape cache
     auto it = plan.shape_cache.find(conv.signature());
     if (it != plan.shape_cache.end()) {
-      shapes.types = it->second;
+      shapes.types = it->second.types;
+      shapes.counts = it->second.counts;
       cached = true;
     }
   }
@@ -375,6 +536,7 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
         shapes = ShapesFromMetaReturns(meta_stack);
       }
     } catch (const std::exception& meta_error) {
+      ClearPendingPythonError(meta_error);
       // No usable meta path for these arguments. Run the op eagerly: if the host kernel
       // accepts them the meta kernel was merely missing; if it rejects them too, the inputs
       // are wrong and the user gets the op, its input shapes and the kernel's reason.
@@ -386,9 +548,9 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
                     inputs, ": ", e.what());
       }
     }
-    if (plan.cache_shapes) {
-      std::lock_guard<std::mutex> cache_lock(plan.cache_mu);
-      plan.shape_cache.emplace(conv.signature(), shapes.types);
+    {
+      if (plan.shape_cache.size() >= OpPlan::kMaxCachedShapes) plan.shape_cache.clear();
+      plan.shape_cache.emplace(conv.signature(), OpPlan::CachedShapes{shapes.types, shapes.counts});
     }
   }
   if (shapes.counts.empty()) shapes.counts.assign(shapes.types.size(), 1);
@@ -398,18 +560,39 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
     plan.handle->callBoxed(&meta_stack);
     shapes = ShapesFromMetaReturns(meta_stack);
   }
+  // Written arguments no return covers: extra outputs after the returns (the runtime appends
+  // the written copies of those inputs; see Executable::RunAtenOp).
+  std::vector<std::pair<int, int>> written;  // (argument, output index)
+  for (int arg : plan.written_args) {
+    if (conv.args()[arg].kind != ir::Arg::Kind::kTensor) continue;  // None
+    written.emplace_back(arg, static_cast<int>(shapes.types.size()));
+    shapes.types.push_back(conv.inputs[conv.args()[arg].i].type());
+  }
 
+  if (plan.reseed_default_generator)
+    conv.args().push_back(ArgConverter::SeedArg(at::detail::getDefaultCPUGenerator()));
+  torch::jit::Stack view_meta_args;
+  if (plan.view_op) view_meta_args = conv.meta();
   ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
                                   shapes.types);
   bool factory = !conv.any_lazy;
-  std::vector<c10::IValue> original_args(args.begin(), args.end());
+  // In-place and out= ops return the argument they wrote: keep those before the stack drops.
+  std::vector<c10::IValue> original_args;
+  for (int alias : plan.return_alias)
+    if (alias >= 0) {
+      original_args.assign(args.begin(), args.end());
+      break;
+    }
   torch::jit::drop(*stack, num_args);
+  std::vector<at::Tensor> view_outputs;  // outputs that get a view layout
   int out = 0;
   for (size_t r = 0; r < plan.returns.size(); ++r) {
     if (plan.returns[r] == ReturnKind::kTensorList) {
       c10::List<at::Tensor> list;
-      for (int k = 0; k < shapes.counts[r]; ++k, ++out)
+      for (int k = 0; k < shapes.counts[r]; ++k, ++out) {
         list.push_back(WrapOutput(ir::Value{node, out}, factory));
+        if (plan.view_op) view_outputs.push_back(list.get(list.size() - 1));
+      }
       stack->push_back(list);
       continue;
     }
@@ -421,8 +604,14 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
       SetSlotValue(conv.impl(alias)->slot(), v);  // in-place / out=: the argument takes the value
       stack->push_back(original_args[alias]);
     } else {
-      stack->push_back(WrapOutput(v, factory));
+      at::Tensor t = WrapOutput(v, factory);
+      if (plan.view_op) view_outputs.push_back(t);
+      stack->push_back(std::move(t));
     }
+  }
+  if (plan.view_op) ApplyViewLayout(plan, conv.impl(0), std::move(view_meta_args), view_outputs);
+  for (const auto& [arg, index] : written) {
+    if (LazyImpl* impl = conv.impl(arg)) SetSlotValue(impl->slot(), ir::Value{node, index});
   }
 }
 

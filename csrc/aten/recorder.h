@@ -21,6 +21,19 @@ at::Tensor WrapOutput(const ir::Value& v, bool factory);
 // Runs `op` on the host values of its arguments and uploads tensor results (replicated).
 void RunEager(OpPlan& plan, torch::jit::Stack* stack);
 
+// Answers an op that reads only tensor metadata (is_same_size, ...) on meta tensors, without
+// materializing anything.
+void AnswerFromMetadata(OpPlan& plan, torch::jit::Stack* stack);
+
+// _reshape_alias(_copy)(self, size, stride): recorded as view(_copy)(self, size). Its strides
+// describe the input's virtual (strided-device) layout, while device buffers are contiguous,
+// so they must not reach the kernel (XLA lowers it the same way).
+void RecordReshapeAliasAsView(OpPlan& plan, torch::jit::Stack* stack);
+
+// After handling an exception from a kernel written in Python (torch's python_error), clears
+// the Python error indicator it left set. No-op for C++ (c10) errors.
+void ClearPendingPythonError(const std::exception& e);
+
 // Records a node for an internal or ATen op built in C++ (not through the dispatcher) and
 // returns its output values.
 ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,

@@ -47,6 +47,7 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
   TORCH_CHECK(sharding.rank() == type.rank(), "sharding rank ", sharding.rank(),
               " does not match the tensor rank ", type.rank());
   Count("MarkSharding");
+  slot->annotation = sharding;
   if (slot->value.node->is_data()) {
     runtime::DeviceDataPtr data = DataOf(slot->value);
     const Sharding& current = data->sharding();
@@ -67,10 +68,31 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
   SetSlotValue(slot, ir::Value{node, 0});
 }
 
+void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {
+  if (!previous || !previous->annotation.valid()) return;
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = TryGetLazyImpl(updated);
+  if (!impl || impl->slot() == previous || impl->slot()->annotation.valid()) return;
+  const SlotPtr& slot = impl->slot();
+  const Sharding& sharding = previous->annotation;
+  slot->annotation = sharding;
+  if (slot->value.node->is_data()) {  // e.g. copy_ from the host uploaded a fresh value
+    runtime::DeviceDataPtr data = DataOf(slot->value);
+    if (!(data->sharding().valid() && data->sharding() == sharding))
+      SetSlotValue(slot, ir::Value{ir::MakeDataNode(data->Relayout(sharding)), 0});
+    return;
+  }
+  ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().sharding_constraint, {slot->value},
+                                  {ir::Arg::Tensor(0)}, {slot->value.type()});
+  node->set_shardings({sharding});
+  SetSlotValue(slot, ir::Value{node, 0});
+}
+
 void ClearSharding(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "clear_sharding");
   const SlotPtr& slot = impl->slot();
+  slot->annotation = Sharding();
   if (slot->value.node->is_data()) {
     runtime::DeviceDataPtr data = DataOf(slot->value);
     if (!data->sharding().valid()) return;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "aten/lazy_tensor.h"
 #include "sharding/sharding.h"
 
 namespace spmd::aten {
@@ -17,6 +18,9 @@ MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
 // only its shard); a pending value gets a sharding constraint node. Re-annotating device data
 // with a different non-replicated sharding raises, as in PyTorch/XLA.
 void MarkSharding(const at::Tensor& t, const Sharding& sharding);
+// After an in-place op replaced the value behind a functional tensor: the new value takes the
+// annotation of the one it replaced (`previous`), so the tensor keeps the user's layout.
+void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated);
 // Removes the annotation: device data is gathered back to replicated; a pending constraint is
 // dropped.
 void ClearSharding(const at::Tensor& t);

@@ -116,6 +116,21 @@ void Resize(OpPlan& plan, torch::jit::Stack* stack) {
   stack->push_back(self);
 }
 
+// detach_copy, alias_copy, lift_fresh_copy: the result has the input's value. IR values
+// are immutable, so the new tensor simply shares it: no node, nothing to compute, and a
+// parameter made by Module.to() (a detached upload) is still device data that mark_sharding
+// can lay out at once.
+void SameValue(OpPlan& plan, torch::jit::Stack* stack) {
+  size_t n = plan.info->args.size();
+  auto args = torch::jit::last(*stack, n);
+  at::Tensor self = args[0].toTensor();
+  LazyImpl* impl = TryGetLazyImpl(self);
+  if (!impl || !impl->slot()->value.valid()) return RecordOp(plan, stack);
+  at::Tensor out = MakeLazyTensor(impl->slot()->value);
+  torch::jit::drop(*stack, n);
+  stack->push_back(out);
+}
+
 }  // namespace
 
 SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
@@ -126,6 +141,9 @@ SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
       {"aten::_copy_from_and_resize", CopyFrom},
       {"aten::_local_scalar_dense", LocalScalarDense},
       {"aten::resize_", Resize},
+      {"aten::detach_copy", SameValue},
+      {"aten::alias_copy", SameValue},
+      {"aten::lift_fresh_copy", SameValue},
   };
   auto it = table->find(qualified_name);
   return it == table->end() ? nullptr : it->second;

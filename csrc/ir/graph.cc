@@ -75,6 +75,7 @@ std::string GraphToText(const Graph& g) {
         for (size_t j = 0; j < arg.ints.size(); ++j) {
           if (j) os << ", ";
           os << (arg.ints[j] < 0 ? std::string("None") : name(n.input(arg.ints[j])));
+          next_input = std::max<size_t>(next_input, arg.ints[j] + 1);
         }
         os << "]";
       } else {

@@ -1,30 +1,37 @@
 #include "partition/cost.h"
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
+#include <utility>
 
 namespace spmd::partition {
 
 int64_t PeakBytesPerDevice(const Program& program) {
-  std::unordered_map<const ir::Node*, int> position;
-  for (size_t i = 0; i < program.nodes.size(); ++i) position[program.nodes[i].get()] = i;
+  // Per value (node output), as the runtime frees each output slot after its own last reader:
+  // a multi-output op's big result may die long before its small sibling (grad_input vs
+  // grad_weight of convolution_backward).
+  using Key = std::pair<const ir::Node*, int>;
   const int end = static_cast<int>(program.nodes.size());
-  std::unordered_map<const ir::Node*, int> last_use;
+  std::map<Key, int> last_use;
   for (size_t i = 0; i < program.nodes.size(); ++i)
-    for (const ir::Value& in : program.nodes[i]->inputs()) last_use[in.node.get()] = i;
-  for (const ir::Value& out : program.outputs) last_use[out.node.get()] = end;
-  for (const ir::NodePtr& p : program.params) last_use[p.get()] = end;
+    for (const ir::Value& in : program.nodes[i]->inputs())
+      last_use[{in.node.get(), in.index}] = static_cast<int>(i);
+  for (const ir::Value& out : program.outputs) last_use[{out.node.get(), out.index}] = end;
+  for (const ir::NodePtr& p : program.params) last_use[{p.get(), 0}] = end;
 
   // Sweep: a value's bytes count from its definition to its last use.
   std::vector<int64_t> delta(program.nodes.size() + 2, 0);
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Node& n = *program.nodes[i];
-    int64_t bytes = 0;
-    for (const TensorType& t : n.outputs()) bytes += t.dtype == DType::kUndefined ? 0 : t.bytes();
-    auto it = last_use.find(&n);
-    int until = it == last_use.end() ? static_cast<int>(i) : it->second;
-    delta[i] += bytes;
-    delta[until + 1] -= bytes;
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      const TensorType& t = n.output(o);
+      if (t.dtype == DType::kUndefined) continue;
+      auto it = last_use.find({&n, o});
+      int until = it == last_use.end() ? static_cast<int>(i) : it->second;
+      delta[i] += t.bytes();
+      delta[until + 1] -= t.bytes();
+    }
   }
   int64_t live = 0, peak = 0;
   for (int64_t d : delta) {

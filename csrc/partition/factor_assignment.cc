@@ -31,6 +31,22 @@ size_t UsableFactors(const ShardingRule& rule, const Mesh& mesh, const DimFactor
 
 int64_t TensorBytes(const TensorType& t) { return std::max<int64_t>(t.bytes(), 1); }
 
+// Whether windowed factor `f` may be cut into `tiles` tiles: within its max_tiles, and every
+// dim made of it (of every operand and result) divisible by `tiles`.
+bool WindowedTilingOk(const ShardingRule& rule, int f, int64_t tiles,
+                      const std::vector<TensorType>& operand_types,
+                      const std::vector<TensorType>& result_types) {
+  const Factor& factor = rule.factors[f];
+  if (factor.max_tiles > 0 && tiles > factor.max_tiles) return false;
+  auto even = [&](const std::vector<TensorFactors>& tensors, const std::vector<TensorType>& types) {
+    for (size_t i = 0; i < tensors.size() && i < types.size(); ++i)
+      for (size_t d = 0; d < tensors[i].size() && d < types[i].shape.size(); ++d)
+        if (tensors[i][d] == DimFactors{f} && types[i].shape[d] % tiles != 0) return false;
+    return true;
+  };
+  return even(rule.operands, operand_types) && even(rule.results, result_types);
+}
+
 }  // namespace
 
 FactorAxes ProjectToFactors(const ShardingRule& rule, const TensorFactors& tensor,
@@ -131,6 +147,10 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
         if (used[a]) break;
         take.push_back(a);
       }
+      // Windowed factors keep the longest prefix that tiles them evenly (see rule.h).
+      while (rule.factors[f].windowed && !take.empty() &&
+             !WindowedTilingOk(rule, f, AxesSize(mesh, take), operand_types, result_types))
+        take.pop_back();
       if (take.empty()) continue;
       for (int a : take) used[a] = true;
       assigned[f] = std::move(take);

@@ -30,7 +30,8 @@ bool Representable(const ShardingRule& rule, const Mesh& mesh, const TensorFacto
 // Chooses axes for every factor from what the operands and results currently have (an invalid
 // Sharding = unknown). Each factor takes the axes proposed by the largest tensor that has an
 // opinion on it (resharding the smaller tensors moves fewer bytes); a mesh axis shards at most
-// one factor; need-replication factors stay unsharded; axes no tensor could carry are dropped.
+// one factor; need-replication factors stay unsharded; windowed factors take only tilings that
+// are even on every dim made of them (rule.h); axes no tensor could carry are dropped.
 FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
                          const std::vector<const Sharding*>& operands,
                          const std::vector<TensorType>& operand_types,

@@ -67,6 +67,14 @@ class Partitioner {
       program.outputs.push_back(v.value);
       program.output_shardings.push_back(v.layout);
       program.output_global_types.push_back(out.type());
+      if (v.layout.IsPartial()) {
+        CollectiveStat pending;
+        pending.kind = "all-reduce";
+        for (int a : v.layout.partial_axes()) pending.axes.push_back(mesh_->AxisLabel(a));
+        pending.group_size = AxesSize(*mesh_, v.layout.partial_axes());
+        pending.bytes = v.value.type().bytes();
+        program.stats.pending_reductions.push_back(std::move(pending));
+      }
     }
     program.nodes = std::move(builder_.nodes());
     program.stats.collectives = std::move(builder_.collectives());

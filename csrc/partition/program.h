@@ -23,6 +23,10 @@ struct ProgramStats {
   int64_t peak_bytes_per_device = 0;  // static estimate from buffer liveness
   double flops_per_device = 0;
   std::map<std::string, int64_t> replicated_fallback_ops;  // op name -> count
+  // Outputs that leave the program as pending partial results (kind "all-reduce", the axes
+  // they are partial over): reduced on the host when read, or by the program that next
+  // consumes them.
+  std::vector<CollectiveStat> pending_reductions;
 };
 
 struct Program {

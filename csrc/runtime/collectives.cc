@@ -18,6 +18,10 @@ std::shared_ptr<Collectives>& CurrentSlot() {
   static auto* slot = new std::shared_ptr<Collectives>();
   return *slot;
 }
+std::shared_ptr<Collectives>& ReplicasSlot() {
+  static auto* slot = new std::shared_ptr<Collectives>();
+  return *slot;
+}
 
 int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
@@ -60,6 +64,19 @@ std::shared_ptr<Collectives> Collectives::Current() {
 void Collectives::SetCurrent(std::shared_ptr<Collectives> collectives) {
   std::lock_guard<std::mutex> lock(CurrentMutex());
   CurrentSlot() = std::move(collectives);
+}
+
+std::shared_ptr<Collectives> Collectives::Replicas() {
+  {
+    std::lock_guard<std::mutex> lock(CurrentMutex());
+    if (ReplicasSlot()) return ReplicasSlot();
+  }
+  return Current();
+}
+
+void Collectives::SetReplicas(std::shared_ptr<Collectives> collectives) {
+  std::lock_guard<std::mutex> lock(CurrentMutex());
+  ReplicasSlot() = std::move(collectives);
 }
 
 const at::Tensor& Collectives::CheckInputs(const char* op, const DeviceTensors& in,

@@ -55,6 +55,14 @@ class Collectives {
   // running keep the implementation they started with.
   static void SetCurrent(std::shared_ptr<Collectives> collectives);
 
+  // The implementation the xm:: cross-replica collectives use (ir/replica_ops.h), where device
+  // id = replica ordinal: in multi-process mode ProcessGroupCollectives, one replica (and one
+  // device) per process. Current() when none is installed. Kept apart from Current() because
+  // a partitioned program's mesh numbers this process's own devices (0..n-1), not replicas:
+  // the partitioner's spmd:: collectives must stay in-process until meshes span processes.
+  static std::shared_ptr<Collectives> Replicas();
+  static void SetReplicas(std::shared_ptr<Collectives> collectives);  // nullptr: Current()
+
   virtual std::string name() const = 0;
   virtual bool IsLocal(int64_t device) const = 0;
 

@@ -16,11 +16,36 @@ TensorType TypeOf(const at::Tensor& t) {
 }
 
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label) {
+  return MakeBuffer(device, std::move(tensor), InternLabel(label));
+}
+
+BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* label) {
   auto buf = std::make_shared<DeviceBuffer>();
   int64_t bytes = tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
   buf->alloc = DeviceSet::Get().Allocate(device, bytes, label);
   buf->tensor = std::move(tensor);
   return buf;
+}
+
+void MakeSharedBuffers(const std::vector<size_t>& devices, const at::Tensor& tensor,
+                       const std::string* label, std::vector<BufferPtr>& out) {
+  struct Block {
+    std::vector<DeviceBuffer> buffers;
+    ~Block() {  // one lock for all the devices' releases
+      std::vector<Allocation*> allocs;
+      for (DeviceBuffer& b : buffers) allocs.push_back(&b.alloc);
+      DeviceSet::ReleaseAll(allocs);
+    }
+  };
+  int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  std::vector<Allocation> allocs = DeviceSet::Get().AllocateOnEach(devices, bytes, label);
+  auto block = std::make_shared<Block>();
+  block->buffers.resize(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    block->buffers[i].tensor = tensor;
+    block->buffers[i].alloc = std::move(allocs[i]);
+    out[devices[i]] = BufferPtr(block, &block->buffers[i]);  // aliases the block's lifetime
+  }
 }
 
 std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label) {

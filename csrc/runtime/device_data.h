@@ -20,6 +20,11 @@ using BufferPtr = std::shared_ptr<DeviceBuffer>;
 
 // Wraps `tensor` as device `device`'s buffer, charging its bytes to that device.
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label);
+BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* interned_label);
+// Buffers for `devices`, all holding `tensor` (one allocation block, one lock): out[d] is set
+// for each listed device d. They are released together.
+void MakeSharedBuffers(const std::vector<size_t>& devices, const at::Tensor& tensor,
+                       const std::string* interned_label, std::vector<BufferPtr>& out);
 // One buffer per device, all sharing `tensor` (a replicated value).
 std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label);
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -105,13 +106,36 @@ DeviceSet::DeviceSet(int64_t num_devices, int64_t bytes_per_device)
 }
 
 Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string& label) {
+  return Allocate(device, bytes, InternLabel(label));
+}
+
+Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string* label) {
   std::lock_guard<std::mutex> lock(mu_);
+  return AllocateLocked(device, bytes, label);
+}
+
+std::vector<Allocation> DeviceSet::AllocateOnEach(const std::vector<size_t>& devices,
+                                                  int64_t bytes, const std::string* label) {
+  std::vector<Allocation> out;
+  out.reserve(devices.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  try {
+    for (size_t d : devices) out.push_back(AllocateLocked(static_cast<int64_t>(d), bytes, label));
+  } catch (...) {
+    lock.unlock();  // the allocations made so far release the lock-taking Free on unwind
+    throw;
+  }
+  return out;
+}
+
+Allocation DeviceSet::AllocateLocked(int64_t device, int64_t bytes, const std::string* label) {
   SPMD_CHECK(device >= 0 && device < num_devices(), "device index ", device,
              " out of range for ", num_devices(), " devices");
   Device& d = devices_[device];
   if (d.stats.bytes_used + bytes > d.stats.bytes_limit) {
     std::vector<std::pair<int64_t, std::string>> live;
-    for (const auto& kv : d.live) live.push_back(kv.second);
+    for (const auto& [b, l] : d.slots)
+      if (l) live.emplace_back(b, *l);
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.first > b.first; });
     std::string largest;
@@ -119,30 +143,61 @@ Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string&
       largest += StrCat("\n  ", FormatBytes(live[i].first), "  ", live[i].second);
     throw OutOfMemoryError(StrCat(
         "Out of memory on spmd device ", device, ": allocating ", bytes, " bytes (",
-        FormatBytes(bytes), ") for ", label, " needs ", d.stats.bytes_used + bytes,
+        FormatBytes(bytes), ") for ", *label, " needs ", d.stats.bytes_used + bytes,
         " bytes but the device capacity is ", d.stats.bytes_limit, " bytes (",
         FormatBytes(d.stats.bytes_limit), "); ", d.stats.bytes_used, " bytes are in use by ",
-        d.live.size(), " buffers. Largest live buffers:", largest.empty() ? " none" : largest,
+        d.stats.num_buffers, " buffers. Largest live buffers:", largest.empty() ? " none" : largest,
         "\nRaise SPMD_DEVICE_MEMORY or shard the large tensors over more devices."));
   }
   Allocation a;
   a.owner_ = this;
   a.device_ = device;
   a.bytes_ = bytes;
-  a.id_ = next_id_++;
+  if (d.free_slots.empty()) {
+    a.id_ = d.slots.size();
+    d.slots.emplace_back(bytes, label);
+  } else {
+    a.id_ = d.free_slots.back();
+    d.free_slots.pop_back();
+    d.slots[a.id_] = {bytes, label};
+  }
   d.stats.bytes_used += bytes;
   d.stats.num_buffers += 1;
   d.stats.peak_bytes_used = std::max(d.stats.peak_bytes_used, d.stats.bytes_used);
-  d.live.emplace(a.id_, std::make_pair(bytes, label));
   return a;
 }
 
-void DeviceSet::Free(int64_t device, uint64_t id, int64_t bytes) {
+void DeviceSet::Free(int64_t device, uint64_t slot, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Device& d = devices_[device];
   d.stats.bytes_used -= bytes;
   d.stats.num_buffers -= 1;
-  d.live.erase(id);
+  d.slots[slot] = {0, nullptr};
+  d.free_slots.push_back(slot);
+}
+
+const std::string* InternLabel(const std::string& label) {
+  static std::mutex mu;
+  static auto* labels = new std::unordered_set<std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  return &*labels->insert(label).first;
+}
+
+void DeviceSet::ReleaseAll(const std::vector<Allocation*>& allocs) {
+  DeviceSet* owner = nullptr;
+  for (Allocation* a : allocs)
+    if (a->owner_) owner = a->owner_;
+  if (!owner) return;
+  std::lock_guard<std::mutex> lock(owner->mu_);
+  for (Allocation* a : allocs) {
+    if (!a->owner_) continue;
+    Device& d = owner->devices_[a->device_];
+    d.stats.bytes_used -= a->bytes_;
+    d.stats.num_buffers -= 1;
+    d.slots[a->id_] = {0, nullptr};
+    d.free_slots.push_back(a->id_);
+    a->owner_ = nullptr;
+  }
 }
 
 DeviceStats DeviceSet::Stats(int64_t device) const {

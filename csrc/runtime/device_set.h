@@ -4,7 +4,6 @@
 // HBM would, and refuses an allocation that would exceed its capacity.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,6 +58,13 @@ class DeviceSet {
   // Claims `bytes` on `device`. Throws spmd::OutOfMemoryError naming the device, the bytes
   // needed, the capacity and the largest live buffers when it does not fit.
   Allocation Allocate(int64_t device, int64_t bytes, const std::string& label);
+  // Same, with a label already interned by InternLabel (no string work: the executor's path).
+  Allocation Allocate(int64_t device, int64_t bytes, const std::string* interned_label);
+  // Claims `bytes` on each of `devices` under one lock (a replicated result's buffers).
+  std::vector<Allocation> AllocateOnEach(const std::vector<size_t>& devices, int64_t bytes,
+                                         const std::string* interned_label);
+  // Releases every allocation in `allocs` (all of this device set) under one lock.
+  static void ReleaseAll(const std::vector<Allocation*>& allocs);
   DeviceStats Stats(int64_t device) const;
   void ResetPeak(int64_t device);  // peak := current use
   void ResetAllPeaks();
@@ -67,17 +73,23 @@ class DeviceSet {
  private:
   friend class Allocation;
   DeviceSet(int64_t num_devices, int64_t bytes_per_device);
-  void Free(int64_t device, uint64_t id, int64_t bytes);
+  void Free(int64_t device, uint64_t slot, int64_t bytes);
+  Allocation AllocateLocked(int64_t device, int64_t bytes, const std::string* label);
 
+  // Live buffers per device, for the out-of-memory report: a slot table with a free list, so
+  // allocating and freeing (once per buffer per device on every step) never allocates memory.
   struct Device {
     DeviceStats stats;
-    std::map<uint64_t, std::pair<int64_t, std::string>> live;  // id -> (bytes, label)
+    std::vector<std::pair<int64_t, const std::string*>> slots;  // (bytes, interned label)
+    std::vector<uint64_t> free_slots;
   };
   mutable std::mutex mu_;
   std::vector<Device> devices_;
   int64_t bytes_limit_;
-  uint64_t next_id_ = 1;
 };
+
+// Labels are interned for the life of the process (there are few distinct ones).
+const std::string* InternLabel(const std::string& label);
 
 std::string FormatBytes(int64_t bytes);  // "1.50 MiB"
 

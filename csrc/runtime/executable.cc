@@ -1,10 +1,11 @@
 #include "runtime/executable.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "ir/internal_ops.h"
@@ -75,6 +76,10 @@ c10::IValue ConstantIValue(const ir::Arg& a) {
   }
 }
 
+// Tile 0 keeps the recorded seed (an unsharded random op draws what it drew before); other
+// tiles get well-separated seeds.
+uint64_t TileSeedOffset(int64_t tile) { return static_cast<uint64_t>(tile) * 0x9E3779B97F4A7C15ULL; }
+
 bool SameAcrossDevices(const std::vector<const PerDevice*>& inputs, size_t num_devices) {
   for (const PerDevice* in : inputs)
     for (size_t d = 1; d < num_devices; ++d)
@@ -83,21 +88,17 @@ bool SameAcrossDevices(const std::vector<const PerDevice*>& inputs, size_t num_d
   return true;
 }
 
-// Ops that draw random numbers. Devices holding the same tile of their result (replicas over
-// the axes that do not tile it) must draw the same numbers, or the "replicated" value differs
-// between devices; devices holding different tiles draw independently.
-bool IsRandomOp(const ir::OpInfo& op) {
-  static const std::set<std::string> names = {
-      "aten::bernoulli", "aten::bernoulli_", "aten::native_dropout", "aten::rand",
-      "aten::rand_like", "aten::randn", "aten::randn_like", "aten::randint",
-      "aten::randint_like", "aten::randperm", "aten::normal", "aten::normal_",
-      "aten::uniform_", "aten::random_", "aten::exponential_", "aten::geometric_",
-      "aten::cauchy_", "aten::log_normal_", "aten::multinomial", "aten::poisson",
-      "aten::rrelu_with_noise", "aten::_fused_dropout", "aten::_standard_gamma"};
-  if (names.count(op.name)) return true;
-  for (const ir::ArgSchema& a : op.args)
-    if (a.type == ir::ArgType::kGenerator) return true;
-  return false;
+// Ops whose kernel reads its input's memory layout (strides, storage offset) rather than just
+// its values. Buffers keep the layout their CPU kernel gave them (t_copy returns a transposed
+// clone, exactly like CPU eager's t() view, so mm takes the same BLAS path and results stay
+// bit-identical to eager), but the recorder describes every non-view value as contiguous:
+// as_strided_copy/as_strided_scatter strides and view sizes were computed for that layout.
+bool IsLayoutSensitive(const std::string& name) {
+  static const auto* names = new std::unordered_set<std::string>{
+      "aten::as_strided", "aten::as_strided_copy", "aten::as_strided_scatter", "aten::view",
+      "aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias",
+      "aten::_reshape_alias_copy"};
+  return names->count(name) > 0;
 }
 
 }  // namespace
@@ -123,11 +124,20 @@ void Executable::Lower() {
     for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(first_slot.at(n.get()) + o);
     if (!n->op()->internal) {
       KernelFor(n->op());  // resolve the kernel now, so a missing op fails at compile time
+      ins.layout_sensitive = IsLayoutSensitive(n->op()->name);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
         int pos = static_cast<int>(a);
         using K = ir::Arg::Kind;
+        if (a >= schema_args.size()) {
+          // The seed the recorder appended for a random op without a Generator argument.
+          SPMD_CHECK(arg.dynamic, "unexpected extra argument of ", n->op()->qualified);
+          SPMD_CHECK(arg.slot >= 0, "internal error: run-time seed without a slot in ",
+                     n->op()->qualified);
+          ins.default_generator_seed = arg.slot;
+          continue;
+        }
         if (arg.kind == K::kTensor) {
           ins.tensor_args.emplace_back(pos, static_cast<int>(arg.i));
           if (a < schema_args.size() && schema_args[a].is_write)
@@ -137,11 +147,14 @@ void Executable::Lower() {
         } else if (arg.dynamic) {
           SPMD_CHECK(arg.slot >= 0, "internal error: run-time scalar without a slot in ",
                      n->op()->qualified);
-          ins.scalar_args.push_back({pos, arg.slot, arg.wrapped});
+          bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
+          ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator});
         }
         ins.stack.push_back(ConstantIValue(arg));
       }
     }
+    for (int o = 0; o < n->num_outputs(); ++o)
+      ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
     instructions_.push_back(std::move(ins));
   }
 
@@ -169,22 +182,22 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
 
   // Devices whose inputs are the very same host tensors compute the same result: run the
   // kernel once per distinct input set (a replicated op runs once, not once per device).
+  // Devices whose inputs are the very same host tensors compute the same result: run the
+  // kernel once per distinct input set (a replicated op runs once, not once per device). A
+  // random op must also draw different values for different tiles of its result, so its
+  // devices are told apart by the tile they hold as well, and each tile reseeds differently.
+  bool random = ins.default_generator_seed >= 0;
+  for (const auto& sa : ins.scalar_args) random |= sa.generator;
+  const Sharding* layout =
+      random && !node.shardings().empty() && node.shardings()[0].valid() ? &node.shardings()[0] : nullptr;
+  auto tile_of = [&](size_t d) {
+    int64_t tile = 0;
+    for (int64_t dim = 0; layout && dim < layout->rank(); ++dim)
+      tile = tile * layout->NumTiles(dim) + layout->TileIndex(dim, d);
+    return tile;
+  };
   std::vector<std::vector<size_t>> groups;
-  const bool random = IsRandomOp(*node.op()) && !node.shardings().empty() &&
-                      node.shardings()[0].valid();
-  if (random) {
-    // One draw per tile of the result, shared by the devices holding that tile.
-    const Sharding& layout = node.shardings()[0];
-    std::map<std::vector<int64_t>, size_t> group_of;
-    for (size_t d = 0; d < num_devices; ++d) {
-      std::vector<int64_t> tile;
-      for (int64_t dim = 0; dim < layout.rank(); ++dim)
-        tile.push_back(layout.TileIndex(dim, static_cast<int64_t>(d)));
-      auto it = group_of.emplace(tile, groups.size()).first;
-      if (it->second == groups.size()) groups.emplace_back();
-      groups[it->second].push_back(d);
-    }
-  } else if (inputs.empty() || SameAcrossDevices(inputs, num_devices)) {
+  if (!layout && (inputs.empty() || SameAcrossDevices(inputs, num_devices))) {
     groups.emplace_back();
     for (size_t d = 0; d < num_devices; ++d) groups.back().push_back(d);
   } else {
@@ -192,6 +205,7 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
     for (size_t d = 0; d < num_devices; ++d) {
       std::vector<const void*> key;
       for (const PerDevice* in : inputs) key.push_back((*in)[d]->tensor.unsafeGetTensorImpl());
+      key.push_back(reinterpret_cast<const void*>(tile_of(d)));
       auto it = group_of.emplace(key, groups.size()).first;
       if (it->second == groups.size()) groups.emplace_back();
       groups[it->second].push_back(d);
@@ -199,14 +213,18 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
   }
 
   std::vector<SlotValue> results(ins.outputs.size(), SlotValue(num_devices));
-  std::string label;
   for (const auto& group : groups) {
     size_t dev = group[0];
     std::vector<c10::IValue> stack = ins.stack;
+    std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
     for (const auto& [pos, input] : ins.tensor_args) {
       at::Tensor t = (*inputs[input])[dev]->tensor;
-      for (int m : ins.mutable_inputs)
-        if (m == input) t = t.clone();  // values are immutable: never write a live buffer
+      if (pos == 0 && ins.layout_sensitive) t = t.contiguous();
+      for (int m : ins.mutable_inputs) {
+        if (m != input) continue;
+        t = t.clone();  // values are immutable: never write a live buffer
+        written.push_back(t);
+      }
       stack[pos] = c10::IValue(std::move(t));
     }
     for (const auto& la : ins.list_args) {
@@ -222,35 +240,76 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
       }
     }
     for (const auto& sa : ins.scalar_args) {
+      if (sa.generator) {
+        // The seed the recorder drew for this random op: same values on every run.
+        stack[sa.position] = c10::IValue(at::make_generator<at::CPUGeneratorImpl>(
+            static_cast<uint64_t>(scalars.at(sa.scalar_index).i) + TileSeedOffset(tile_of(dev))));
+        continue;
+      }
       c10::Scalar s = ToScalar(scalars.at(sa.scalar_index));
       stack[sa.position] = sa.wrapped ? c10::IValue(WrappedNumber(s)) : c10::IValue(s);
     }
-    kernel.callBoxed(&stack);
+    if (ins.default_generator_seed >= 0) {
+      // Reseed the default CPU generator with the recorded seed for this kernel only, so the
+      // node draws the same values on every run, and restore it: replay must not perturb the
+      // host's random stream.
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      at::Tensor saved;
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        saved = gen.get_state();
+        gen.set_current_seed(static_cast<uint64_t>(scalars.at(ins.default_generator_seed).i) +
+                             TileSeedOffset(tile_of(dev)));
+      }
+      auto restore = [&] {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(saved);
+      };
+      try {
+        kernel.callBoxed(&stack);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
+    } else {
+      kernel.callBoxed(&stack);
+    }
     // Flatten the returns (a Tensor[] return contributes all its elements).
     std::vector<at::Tensor> outs;
     for (c10::IValue& r : stack) {
       if (r.isTensor()) outs.push_back(r.toTensor());
+      else if (r.isNone()) outs.emplace_back();  // an optional return left empty
       else if (r.isTensorList())
         for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
+    }
+    // Written inputs that no return carries (native_batch_norm's running stats) are extra
+    // outputs, in argument order (the recorder gave the node one output per such argument).
+    for (const at::Tensor& w : written) {
+      bool returned = false;
+      for (const at::Tensor& o : outs) returned |= o.defined() && o.is_same(w);
+      if (!returned) outs.push_back(w);
     }
     SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " returned ",
                outs.size(), " tensors but ", ins.outputs.size(), " were expected");
     for (size_t o = 0; o < outs.size(); ++o) {
-      // Buffers are always contiguous, as the lazy tensors' strides say: the program passes
-      // explicit strides computed for that layout (_reshape_alias_copy, as_strided_copy,
-      // as_strided_scatter), and transpose_copy/permute_copy/t_copy/diagonal_copy return
-      // strided results that those would misread.
-      if (outs[o].defined() && !outs[o].is_contiguous()) outs[o] = outs[o].contiguous();
       const TensorType& want = node.output(o);
-      // A result the op was asked not to compute (output_mask false: layer/batch norm
-      // backward without weight) comes back undefined.
-      bool undefined_ok = want.dtype == DType::kUndefined && !outs[o].defined();
-      SPMD_CHECK(undefined_ok || (outs[o].sizes().vec() == want.shape &&
-                                  FromScalarType(outs[o].scalar_type()) == want.dtype),
+      if (want.dtype == DType::kUndefined) {
+        // An output the recorder knew would be undefined (convolution_backward and
+        // native_layer_norm_backward with an output_mask entry false): nothing to keep.
+        SPMD_CHECK(!outs[o].defined() || outs[o].numel() == 0, "internal error: ",
+                   node.op()->qualified, " produced output ", o,
+                   " where the program expects none");
+        continue;
+      }
+      SPMD_CHECK(outs[o].defined(), "internal error: ", node.op()->qualified,
+                 " produced no output ", o, " where the program expects ", want.ToString());
+      c10::IntArrayRef got = outs[o].sizes();
+      SPMD_CHECK(std::equal(got.begin(), got.end(), want.shape.begin(), want.shape.end()) &&
+                     FromScalarType(outs[o].scalar_type()) == want.dtype,
                  "internal error: ", node.op()->qualified, " produced ",
                  TypeOf(outs[o]).ToString(), " where the program expects ", want.ToString());
-      if (label.empty()) label = node.op()->qualified + " -> " + want.ToString();
-      for (size_t d : group) results[o][d] = MakeBuffer(d, outs[o], label);
+      MakeSharedBuffers(group, outs[o], ins.labels[o], results[o]);
     }
   }
   for (size_t o = 0; o < ins.outputs.size(); ++o) slots[ins.outputs[o]] = std::move(results[o]);

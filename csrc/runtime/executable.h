@@ -44,9 +44,13 @@ class Executable {
       int position;
       int scalar_index;  // index into the run's scalars
       bool wrapped;      // pass as a wrapped-number tensor
+      bool generator;    // a random op's seed: pass a CPU generator seeded with it
     };
     std::vector<ScalarArg> scalar_args;
+    std::vector<const std::string*> labels;  // per output, for the device memory report
     std::vector<int> mutable_inputs;  // node input indices the kernel would write: cloned first
+    bool layout_sensitive = false;    // self is passed contiguous (see IsLayoutSensitive)
+    int default_generator_seed = -1;  // run-time scalar index of a random op's seed, or -1
   };
   using SlotValue = std::vector<BufferPtr>;  // one buffer per device
 

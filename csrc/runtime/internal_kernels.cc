@@ -28,6 +28,7 @@ struct Registrar {
   Registrar() {
     RegisterInternalKernel(ir::InternalOps::Get().sharding_constraint->qualified, Identity);
     RegisterCollectiveKernels();
+    RegisterReplicaKernels();
   }
 } registrar;
 }  // namespace

@@ -23,6 +23,8 @@ const InternalKernel* FindInternalKernel(const std::string& qualified_name);
 // this library's own registrar: the runtime is a static library, so a registrar living only in
 // collective_kernels.o could be dropped by the linker.
 void RegisterCollectiveKernels();
+// Registers the kernels of the xm:: cross-replica collectives (replica_kernels.cc), likewise.
+void RegisterReplicaKernels();
 
 // Runs one partitioner-inserted spmd op outside a program, on per-device `inputs`, with `args`
 // in the op's schema order and its groups over `mesh`: the output type comes from

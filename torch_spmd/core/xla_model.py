@@ -8,6 +8,10 @@ from .. import runtime
 from .._device import device as _device
 from .._device import is_spmd_tensor
 from ..distributed.spmd.xla_sharded_tensor import XLAShardedTensor
+from ..distributed import _process_world
+from ._replica_collectives import (  # noqa: F401  (the xm collectives API)
+    REDUCE_AND, REDUCE_MAX, REDUCE_MIN, REDUCE_MUL, REDUCE_OR, REDUCE_SUM, all_gather,
+    all_reduce, all_to_all, reduce_scatter, rendezvous)
 from ._tree import map_tensors
 
 _step_closures = []
@@ -56,30 +60,35 @@ def get_memory_info(device=None) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Replication helpers. In SPMD mode one process drives every device, so there is one replica:
-# ordinal 0, world size 1, and the gradient all-reduce of optimizer_step has nothing to do.
+# ordinal 0, world size 1, and the gradient all-reduce of optimizer_step has nothing to do. In
+# multi-process mode (xmp.spawn) each process is one replica of the world.
 
 def get_ordinal(defval: int = 0) -> int:
-    """This replica's ordinal: always 0 in SPMD mode."""
-    return 0
+    """This replica's global ordinal (its process rank); 0 with a single replica."""
+    world = _process_world.current()
+    return world.rank if world is not None else 0
 
 
 def get_local_ordinal(defval: int = 0) -> int:
-    """This replica's ordinal on its host: always 0 in SPMD mode."""
-    return 0
+    """This replica's ordinal among the replicas of its host; 0 with a single replica."""
+    world = _process_world.current()
+    return world.local_rank if world is not None else 0
 
 
 def xrt_world_size(defval: int = 1) -> int:
-    """Number of replicas: always 1 in SPMD mode (the devices sit behind one logical device)."""
-    return 1
+    """Number of replicas: the processes of the world, 1 in SPMD mode (the devices sit behind
+    one logical device)."""
+    world = _process_world.current()
+    return world.world_size if world is not None else 1
 
 
 def is_master_ordinal(local: bool = True) -> bool:
-    """Whether this replica is the (local or global) master: always True with one replica."""
-    return True
+    """Whether this replica is the local (``local=True``) or global master (ordinal 0)."""
+    return (get_local_ordinal() if local else get_ordinal()) == 0
 
 
 def master_print(*args, fd=None, local: bool = False, flush: bool = False) -> None:
-    """``print`` on the master replica only (which is this process)."""
+    """``print`` on the master replica only."""
     if is_master_ordinal(local=local):
         print(*args, file=fd if fd is not None else sys.stdout, flush=flush)
 
@@ -89,14 +98,27 @@ def xla_device_hw(device=None) -> str:
     return runtime.device_type()
 
 
+def _fetch_gradients(optimizer) -> list:
+    return [p.grad for group in optimizer.param_groups for p in group["params"]
+            if p.grad is not None]
+
+
 def reduce_gradients(optimizer, groups=None, pin_layout: bool = True) -> None:
-    """Averages gradients across replicas: a no-op, since SPMD mode has a single replica (the
-    partitioner already inserts whatever reductions the sharded gradients need)."""
+    """Averages the gradients over the replicas: one coalesced all-reduce (sum, scaled by
+    1 / world size, as PyTorch/XLA scales even when ``groups`` is given). A no-op with one
+    replica: in SPMD mode the partitioner already inserts the reductions sharded gradients
+    need."""
+    count = xrt_world_size()
+    if count > 1:
+        gradients = _fetch_gradients(optimizer)
+        if gradients:
+            all_reduce(REDUCE_SUM, gradients, scale=1.0 / count, groups=groups,
+                       pin_layout=pin_layout)
 
 
 def optimizer_step(optimizer, barrier: bool = False, optimizer_args={}, groups=None,
                    pin_layout: bool = True):
-    """Reduces gradients across replicas (nothing to do with one replica), runs
+    """Averages the gradients across replicas (``reduce_gradients``), runs
     ``optimizer.step(**optimizer_args)`` and, if ``barrier``, ``mark_step()``. Returns what
     ``step`` returned."""
     reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
@@ -122,7 +144,7 @@ def _to_cpu(tensors: list) -> list:
 def save(data, file_or_path, master_only: bool = True, global_master: bool = False) -> None:
     """``torch.save`` of ``data`` with every spmd tensor (also inside dicts, lists, tuples)
     replaced by its CPU value, so the file loads without torch_spmd. Sharded tensors are
-    gathered. Only the master replica writes (this process)."""
+    gathered. Only the master replica writes, unless ``master_only=False``."""
     cpu_data = map_tensors(data, is_spmd_tensor, _to_cpu)
     if not master_only or is_master_ordinal(local=not global_master):
         torch.save(cpu_data, file_or_path)

@@ -26,6 +26,8 @@ def partitioned_program(tensors: Iterable[torch.Tensor]) -> str:
 
 def last_step_stats() -> dict:
     """Statistics of the most recently executed graph: ``collectives`` (list of dicts with
-    kind, axes, group_size, bytes), ``peak_bytes_per_device``, ``flops_per_device`` and
-    ``replicated_fallback_ops`` (op name -> count)."""
+    kind, axes, group_size, bytes — bytes is each device's input buffer),
+    ``pending_reductions`` (outputs left as partial sums, reduced when read: same fields),
+    ``peak_bytes_per_device``, ``flops_per_device`` and ``replicated_fallback_ops``
+    (op name -> count)."""
     return _C._last_step_stats()

@@ -8,5 +8,7 @@ void RegisterMatmulRules();
 void RegisterViewRules();
 void RegisterNNRules();
 void RegisterIndexRules();
+void RegisterConvRules();  // conv.cc
+void RegisterPoolRules();  // pool.cc
 void RegisterAllRules();  // calls all of the above once
 }  // namespace spmd::partition

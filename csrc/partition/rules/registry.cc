@@ -46,6 +46,8 @@ void RegisterAllRules() {
     RegisterViewRules();
     RegisterNNRules();
     RegisterIndexRules();
+    RegisterConvRules();
+    RegisterPoolRules();
   });
 }
 

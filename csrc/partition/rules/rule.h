@@ -9,8 +9,9 @@
 //
 // Sharding a pass-through factor over mesh axes shards every dim made of it, with no
 // communication. Sharding a reduction factor leaves the results partial (pending a reduction
-// over those axes). A need-replication factor is never sharded. Propagation, partitioning and
-// cost estimates all read these rules: op semantics are written once, here.
+// over those axes). A need-replication factor is never sharded. A windowed factor (a spatial dim
+// of a convolution or pooling, see Factor::windowed) is pass-through with halos. Propagation,
+// partitioning and cost estimates all read these rules: op semantics are written once, here.
 #pragma once
 #include <functional>
 #include <optional>
@@ -34,6 +35,16 @@ struct Factor {
   // Mask the padding with pad_value even when the factor is not a reduction (e.g. class
   // indices must read ignore_index there, or the kernel rejects them).
   bool always_mask = false;
+  // Windowed factor (a spatial dim of convolution/pooling; GSPMD's windowed dims): the dims
+  // made of it may have different extents (input rows L, output rows O), and a result tile
+  // reads a window of operand rows reaching into its neighbours' tiles. The rule's `lower`
+  // fetches those rows with a halo exchange (partition/halo.h). So that every device runs the
+  // same local op with uniform halos, AssignFactors shards such a factor only into tiles that
+  // divide every dim made of it evenly (input and output tiles line up), and into at most
+  // `max_tiles` tiles (a halo may only come from the direct neighbours); otherwise it stays
+  // unsharded and the operands are gathered. A windowed factor must be a dim's only factor.
+  bool windowed = false;
+  int64_t max_tiles = 0;  // windowed factors only; 0 = no limit
 };
 
 using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor

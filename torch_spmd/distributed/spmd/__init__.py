@@ -6,7 +6,8 @@
 """
 from .xla_sharded_tensor import XLAShard, XLAShardedTensor
 from .mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh
-from .xla_sharding import (ShardingSpec, ShardingType, clear_sharding, get_sharding_spec,
+from .xla_sharding import (ShardingSpec, ShardingType, apply_backward_optimization_barrier,
+                           clear_sharding, get_sharding_spec,
                            mark_sharding, unwrap_sharded_tensor, wrap_as_sharded_tensor,
                            wrap_if_sharded)
 from .debugging import visualize_sharding, visualize_tensor_sharding
@@ -29,4 +30,5 @@ __all__ = [
     "unwrap_sharded_tensor",
     "visualize_sharding",
     "visualize_tensor_sharding",
+    "apply_backward_optimization_barrier",
 ]

@@ -145,3 +145,18 @@ class ShardingSpec:
         mesh = self.mesh
         return _C._upload_sharded(host, [int(d) for d in mesh.device_ids], list(mesh.mesh_shape),
                                   list(mesh.axis_names or ()), self._dim_axes)
+
+
+def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
+    """Accepted for PyTorch/XLA compatibility; deliberately does nothing.
+
+    In PyTorch/XLA this registers a backward hook that puts ``xm.optimization_barrier_`` on a
+    module's gradients, because XLA's common-subexpression elimination would otherwise merge
+    the backward pass's parameter all-gathers with the forward pass's and keep every gathered
+    (full) parameter alive from forward to backward, defeating FSDP's memory savings.
+
+    torch_spmd's partitioner never merges nodes: each use of a sharded parameter that needs it
+    whole gets its own all-gather, in forward and again in backward (test_fsdpv2.py counts
+    them), so there is nothing to fence off.
+    """
+    del m
