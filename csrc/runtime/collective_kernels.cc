@@ -58,8 +58,7 @@ PerDevice Finish(const Call& c, const DeviceTensors& out) {
                    FromScalarType(out[d].scalar_type()) == want.dtype,
                "internal error: ", c.node.op()->qualified, " produced ",
                TypeOf(out[d]).ToString(), " where the program expects ", want.ToString());
-    // Contiguous like every other buffer (see Executable::RunAtenOp).
-    result[d] = MakeBuffer(d, out[d].is_contiguous() ? out[d] : out[d].contiguous(), label);
+    result[d] = MakeBuffer(d, out[d], label);
   }
   return result;
 }

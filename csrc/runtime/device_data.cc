@@ -21,7 +21,7 @@ BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label
 
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* label) {
   auto buf = std::make_shared<DeviceBuffer>();
-  int64_t bytes = tensor.defined() ? tensor.numel() * static_cast<int64_t>(tensor.element_size()) : 0;
+  int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
   buf->alloc = DeviceSet::Get().Allocate(device, bytes, label);
   buf->tensor = std::move(tensor);
   return buf;
