@@ -363,6 +363,7 @@ void RegisterBackend() {
       FLAGS_minloglevel = saved;
     }
     ViewLibrary() = std::move(view_lib);
+    RegisterBatchedMatmul();
   });
 }
 

@@ -8,6 +8,9 @@ namespace spmd::aten {
 // than `empty` + `add.out`, `as_strided`, ... Idempotent; called when torch_spmd is imported.
 void RegisterBackend();
 
+// Records torch.matmul of same-batch >= 3-D operands as one node (matmul_autograd.cc).
+void RegisterBatchedMatmul();
+
 // Number of ops captured that way (for diagnostics).
 int NumCapturedOps();
 

@@ -99,7 +99,8 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
 }  // namespace
 
 void RegisterMatmulRules() {
-  RegisterRules({"aten::mm", "aten::bmm"},
+  // aten::matmul is recorded whole only for >= 3-D operands with equal batch dims.
+  RegisterRules({"aten::mm", "aten::bmm", "aten::matmul"},
                 [](const ir::Node& n) { return Contraction(n, 0, 1, -1); });
   RegisterRules({"aten::addmm", "aten::baddbmm"},
                 [](const ir::Node& n) { return Contraction(n, 1, 2, 0); });

@@ -271,9 +271,41 @@ std::optional<ShardingRule> ScatterInto(const ir::Node& node, bool select) {
   return rule;
 }
 
+// select_backward(grad, input_sizes, dim, index) and slice_backward(grad, input_sizes, dim,
+// start, end, step): zeros of input_sizes with grad written in along `dim`; that dim
+// replicates, the others pass through, and input_sizes becomes the local shape.
+std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
+  const TensorType& out = node.output(0);
+  const TensorType& grad = node.input(0).type();
+  int64_t dim = Dim(node, "dim", out.rank());
+  ShardingRule rule;
+  TensorFactors fout, fgrad;
+  for (int64_t d = 0; d < out.rank(); ++d) {
+    if (d == dim) {
+      fout.push_back({rule.AddFactor(out.shape[d], FactorKind::kNeedReplication)});
+      if (!select) fgrad.push_back({rule.AddFactor(grad.shape[d], FactorKind::kNeedReplication)});
+      continue;
+    }
+    int f = rule.AddFactor(out.shape[d]);
+    fout.push_back({f});
+    fgrad.push_back({f});
+  }
+  rule.operands = {fgrad};
+  rule.results = {fout};
+  int sizes_arg = ArgIndex(node, "input_sizes");
+  rule.local_args = [sizes_arg](const ir::Node& n, const std::vector<Shape>& local) {
+    std::vector<ir::Arg> args = n.args();
+    args[sizes_arg] = ir::Arg::IntList(local[0]);
+    return args;
+  };
+  return rule;
+}
+
 }  // namespace
 
 void RegisterViewRules() {
+  RegisterRule("aten::select_backward", [](const ir::Node& n) { return IntoZeros(n, true); });
+  RegisterRule("aten::slice_backward", [](const ir::Node& n) { return IntoZeros(n, false); });
   // Views, permutations, slices and position-wise copies are linear: pending partial sums pass
   // through them (LinearIn).
   RegisterRules({"aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy",
