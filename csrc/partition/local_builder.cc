@@ -32,6 +32,35 @@ ir::Value ProgramBuilder::EmitInternal(const ir::OpInfo* op, const ir::Value& x,
   return ir::Value{node, 0};
 }
 
+namespace {
+Hash ReshardKey(const ir::Value& v, const Sharding& from, const Sharding& to) {
+  Hash h = HashCombine(std::hash<const void*>()(v.node.get()), HashInt(v.index));
+  return HashCombine(HashCombine(h, from.hash()), to.hash());
+}
+}  // namespace
+
+const LocalValue* ProgramBuilder::FindReshard(const ir::Value& v, const Sharding& from,
+                                              const Sharding& to) const {
+  auto range = reshards_.equal_range(ReshardKey(v, from, to));
+  for (auto it = range.first; it != range.second; ++it) {
+    const ReshardEntry& e = it->second;
+    if (e.value.node == v.node && e.value.index == v.index && e.from == from && e.to == to)
+      return &e.result;
+  }
+  return nullptr;
+}
+
+void ProgramBuilder::AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
+                                const LocalValue& result) {
+  reshards_.emplace(ReshardKey(v, from, to), ReshardEntry{v, from, to, result});
+  if (from.IsPartial() && !to.IsPartial()) resolved_.emplace(std::make_pair(v.node.get(), v.index), result);
+}
+
+const LocalValue* ProgramBuilder::FindResolved(const ir::Value& v) const {
+  auto it = resolved_.find({v.node.get(), v.index});
+  return it == resolved_.end() ? nullptr : &it->second;
+}
+
 std::vector<ir::Arg> WithScalarSlots(std::vector<ir::Arg> args, int32_t first_slot) {
   int32_t slot = first_slot;
   for (ir::Arg& a : args)

@@ -1,6 +1,7 @@
 // Building the per-device program: values with their global layout, local ops, collectives.
 #pragma once
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "partition/program.h"
@@ -35,10 +36,29 @@ class ProgramBuilder {
   std::vector<ir::NodePtr>& nodes() { return nodes_; }
   std::vector<CollectiveStat>& collectives() { return collectives_; }
 
+  // Reshard cache (GSPMD's PartitionedHlo reshard cache): a value moved to a layout once is
+  // reused by every later consumer that wants the same layout, instead of repeating the
+  // collectives (e.g. one all-reduce of a partial sum read by two ops).
+  const LocalValue* FindReshard(const ir::Value& v, const Sharding& from, const Sharding& to) const;
+  void AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
+                  const LocalValue& result);
+  // A reduced (non-partial) version of pending partial value `v` already in the program, if a
+  // consumer needed one: a graph output can use it instead of staying pending.
+  const LocalValue* FindResolved(const ir::Value& v) const;
+
  private:
+  struct ReshardEntry;
   MeshPtr mesh_;
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
+  std::unordered_multimap<Hash, ReshardEntry> reshards_;
+  std::map<std::pair<const ir::Node*, int>, LocalValue> resolved_;
+};
+
+struct ProgramBuilder::ReshardEntry {
+  ir::Value value;
+  Sharding from, to;
+  LocalValue result;
 };
 
 // Moves a value into another layout with the collectives it takes (see reshard.cc).

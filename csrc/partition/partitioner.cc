@@ -1,5 +1,6 @@
 #include "partition/partitioner.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -13,14 +14,22 @@ namespace spmd::partition {
 
 namespace {
 
-// The mesh the graph's annotations live on: the first sharded parameter or constraint's.
+// The mesh the graph's annotations live on: the first tiled (or partial) parameter or
+// constraint's. A replicated layout says nothing about the mesh (plain uploads carry a default
+// one), so it only decides when nothing is tiled; otherwise a replicated parameter listed first
+// would make every sharded one look foreign and be gathered on the host.
 MeshPtr FindMesh(const ir::Graph& graph) {
   const auto& ops = ir::InternalOps::Get();
+  MeshPtr fallback;
   for (const ir::NodePtr& n : graph.nodes) {
-    if (n->is_data() && n->data()->sharding().valid()) return n->data()->sharding().mesh_ptr();
-    if (n->op() == ops.sharding_constraint) return n->shardings().at(0).mesh_ptr();
+    const Sharding* s = nullptr;
+    if (n->is_data() && n->data()->sharding().valid()) s = &n->data()->sharding();
+    if (n->op() == ops.sharding_constraint) s = &n->shardings().at(0);
+    if (!s) continue;
+    if (!s->IsReplicated()) return s->mesh_ptr();
+    if (!fallback) fallback = s->mesh_ptr();
   }
-  return nullptr;
+  return fallback;
 }
 
 class Partitioner {
@@ -28,6 +37,9 @@ class Partitioner {
   Partitioner(const ir::Graph& graph, MeshPtr mesh)
       : graph_(graph), mesh_(mesh), prop_(graph, mesh), builder_(mesh) {
     int32_t slot = 0;
+    for (const ir::NodePtr& n : graph.nodes)
+      for (const ir::Value& in : n->inputs()) ++uses_[{in.node.get(), in.index}];
+    for (const ir::Value& out : graph.outputs) ++uses_[{out.node.get(), out.index}];
     for (const ir::NodePtr& n : graph.nodes) {
       scalar_base_[n.get()] = slot;
       for (const ir::Arg& a : n->args()) slot += a.dynamic ? 1 : 0;
@@ -47,7 +59,11 @@ class Partitioner {
       }
     }
     for (const ir::Value& out : graph_.outputs) {
-      const LocalValue& v = Local(out);
+      const LocalValue* local = &Local(out);
+      // A pending sum that the program reduced anyway leaves it reduced.
+      if (local->layout.IsPartial())
+        if (const LocalValue* r = builder_.FindResolved(local->value)) local = r;
+      const LocalValue& v = *local;
       program.outputs.push_back(v.value);
       program.output_shardings.push_back(v.layout);
       program.output_global_types.push_back(out.type());
@@ -107,13 +123,24 @@ class Partitioner {
     FactorAxes fa = AssignFactors(*rule, *mesh_, operand_s, operand_t, result_s, result_t);
     if (rule->results_must_replicate) fa.assign(fa.size(), AxisList());
 
+    const int linear_operand = PartialPassingOperand(n, *rule, fa);
+    AxisList passed;  // partial-sum axes carried through the op into its results
     std::vector<LocalValue> operands;
     for (size_t i = 0; i < n.inputs().size(); ++i) {
       Sharding want = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->operands[i], fa));
       LocalValue v = Local(n.input(i));
       bool shape_only = i < rule->shape_only_operands.size() && rule->shape_only_operands[i];
       if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
-      v = Reshard(builder_, v, want);
+      if (static_cast<int>(i) == linear_operand) {
+        // Linear in this operand: move the partial values like whole ones (every reshard step
+        // is linear too) and keep the sum pending.
+        passed = v.layout.partial_axes();
+        v.layout = v.layout.WithoutPartial();
+        v = Reshard(builder_, v, want);
+        v.layout = v.layout.WithPartial(passed, ReduceOp::kSum);
+      } else {
+        v = Reshard(builder_, v, want);
+      }
       // Padding read by a sharded reduction must hold the reduction's identity.
       for (size_t d = 0; d < rule->operands[i].size(); ++d)
         for (int f : rule->operands[i][d])
@@ -127,6 +154,10 @@ class Partitioner {
       Sharding s = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->results[o], fa));
       ReduceOp op = ReduceOp::kSum;
       AxisList partial = PartialAxes(*rule, fa, o, &op);
+      if (!passed.empty()) {  // op is kSum here (checked by PartialPassingOperand)
+        partial.insert(partial.end(), passed.begin(), passed.end());
+        std::sort(partial.begin(), partial.end());
+      }
       result_layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
     }
     LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
@@ -144,6 +175,49 @@ class Partitioner {
     SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
                n.op()->qualified, " produced ", results.size(), " results");
     locals_[&n] = std::move(results);
+  }
+
+  // The operand whose pending partial sum may pass through node `n` unreduced (see
+  // ShardingRule::linear_operands), or -1.
+  int PartialPassingOperand(const ir::Node& n, const ShardingRule& rule, const FactorAxes& fa) const {
+    int found = -1;
+    for (size_t i = 0; i < n.inputs().size(); ++i) {
+      const Sharding& layout = Local(n.input(i)).layout;
+      bool shape_only = i < rule.shape_only_operands.size() && rule.shape_only_operands[i];
+      if (!layout.IsPartial() || shape_only) continue;
+      if (found >= 0) return -1;  // two partial operands: op(a1 + a2, b1 + b2) is not linear
+      found = static_cast<int>(i);
+    }
+    if (found < 0 || static_cast<size_t>(found) >= rule.linear_operands.size() ||
+        !rule.linear_operands[found])
+      return -1;
+    // Only along a single path: the operand read by this node alone and each result read by
+    // one node or output only (graph outputs count as readers). Otherwise the sum would be
+    // reduced once per path (or once here and again by the program reading an output, e.g. an
+    // optimizer state) instead of once, shared through the reshard cache.
+    const ir::Value& in = n.input(found);
+    if (UsesOf(in.node.get(), in.index) != 1) return -1;
+    for (int o = 0; o < n.num_outputs(); ++o)
+      if (UsesOf(&n, o) > 1) return -1;
+    const Sharding& layout = Local(n.input(found)).layout;
+    if (layout.partial_op() != ReduceOp::kSum) return -1;
+    for (const AxisList& axes : fa)
+      for (int a : axes)
+        for (int p : layout.partial_axes())
+          if (a == p) return -1;  // the op wants that axis for tiling: reduce first
+    const int64_t operand_elems = NumElements(n.input(found).type().shape);
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      if (n.output(o).dtype == DType::kUndefined) continue;
+      if (NumElements(n.output(o).shape) > operand_elems) return -1;
+      ReduceOp op = ReduceOp::kSum;
+      if (!PartialAxes(rule, fa, o, &op).empty() && op != ReduceOp::kSum) return -1;
+    }
+    return found;
+  }
+
+  int UsesOf(const ir::Node* node, int index) const {
+    auto it = uses_.find({node, index});
+    return it == uses_.end() ? 0 : it->second;
   }
 
   // No rule: gather every operand, run the op whole, and let consumers slice what they need.
@@ -176,6 +250,7 @@ class Partitioner {
   std::unordered_map<const ir::Node*, std::vector<LocalValue>> locals_;
   std::map<std::string, int64_t> fallbacks_;
   std::unordered_map<const ir::Node*, int32_t> scalar_base_;  // first scalar slot of each node
+  std::map<std::pair<const ir::Node*, int>, int> uses_;  // readers of each value in the graph
 };
 
 }  // namespace

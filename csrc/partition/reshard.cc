@@ -43,6 +43,16 @@ int64_t EvenExtent(const LocalValue& v, int64_t d, const AxisList& axes, const M
   return size / k;
 }
 
+// Whether tiling dim d by `outer` and then each outer tile by `inner` (locally, as a
+// reduce-scatter or a shard_slice of the outer tile does) gives the same tiles as tiling it by
+// outer+inner globally. With padding it does not: 10 rows over 2 then 2 gives [0,3) [3,5)
+// inside the first half, where the global 4-way tiling has [0,3) [3,6).
+bool NestedTilingMatches(const LocalValue& v, int64_t d, const AxisList& outer,
+                         const AxisList& inner, const Mesh& mesh) {
+  int64_t k_outer = AxesSize(mesh, outer);
+  return k_outer == 1 || v.global.shape[d] % (k_outer * AxesSize(mesh, inner)) == 0;
+}
+
 // Carries `v` to `layout` through one internal op.
 LocalValue Step(ProgramBuilder& b, const LocalValue& v, const ir::OpInfo* op, std::vector<Arg> attrs,
                 const Sharding& layout, const char* kind, const AxisList& axes) {
@@ -83,7 +93,7 @@ LocalValue ResolvePartial(ProgramBuilder& b, LocalValue v, const Sharding& targe
     if (scatter.empty() || op != ReduceOp::kSum) continue;
     bool even = true;
     int64_t extent = have.empty() ? v.global.shape[d] : EvenExtent(v, d, have, mesh, &even);
-    if (!even) continue;
+    if (!even || !NestedTilingMatches(v, d, have, scatter, mesh)) continue;
     AxisList new_axes = have;
     new_axes.insert(new_axes.end(), scatter.begin(), scatter.end());
     AxisList still;
@@ -138,6 +148,8 @@ LocalValue Reshard(ProgramBuilder& b, const LocalValue& input, const Sharding& t
              "internal error: resharding between different meshes");
   SPMD_CHECK(!target.IsPartial(), "internal error: a reshard target cannot be partial");
   if (v.layout == target) return v;
+  if (const LocalValue* cached = b.FindReshard(v.value, v.layout, target)) return *cached;
+  const Sharding source = v.layout;
 
   if (v.layout.IsPartial()) v = ResolvePartial(b, v, target);
   while (v.layout != target && TryAllToAll(b, v, target)) {
@@ -166,7 +178,7 @@ LocalValue Reshard(ProgramBuilder& b, const LocalValue& input, const Sharding& t
     AxisList extra(want.begin() + have.size(), want.end());
     bool even = true;
     int64_t extent = have.empty() ? v.global.shape[d] : EvenExtent(v, d, have, mesh, &even);
-    if (have.empty() || even) {
+    if (have.empty() || (even && NestedTilingMatches(v, d, have, extra, mesh))) {
       v = ShardSlice(b, v, d, extra, extent, want);
     } else {
       v = AllGather(b, v, d, have, v.global.shape[d], {});
@@ -175,6 +187,7 @@ LocalValue Reshard(ProgramBuilder& b, const LocalValue& input, const Sharding& t
   }
   SPMD_CHECK(v.layout == target, "internal error: reshard reached ", v.layout.ToNamedString(),
              " instead of ", target.ToNamedString());
+  b.AddReshard(input.value, source, target, v);
   return v;
 }
 

@@ -21,6 +21,8 @@ std::optional<ShardingRule> IndexSelect(const ir::Node& node) {
   ShardingRule rule;
   TensorFactors fs, fo;
   int picked = rule.AddFactor(index.shape[0]);
+  // Index padding holds garbage the kernel would reject as out of range: read index 0 there.
+  rule.factors[picked].always_mask = true;
   for (int64_t d = 0; d < self.rank(); ++d) {
     if (d == dim) {
       fs.push_back({rule.AddFactor(self.shape[d], FactorKind::kNeedReplication)});
@@ -50,6 +52,7 @@ std::optional<ShardingRule> IndexedByTensor(const ir::Node& node, bool gather) {
   for (int64_t d = 0; d < self.rank(); ++d) {
     if (d != dim && self.shape[d] == index.shape[d]) {
       int f = rule.AddFactor(self.shape[d]);
+      rule.factors[f].always_mask = true;  // index padding -> 0, a valid position
       fs.push_back({f});
       fi.push_back({f});
       continue;

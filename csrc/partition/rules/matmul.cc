@@ -39,7 +39,11 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   rule.results = {fo};
   if (bias < 0) return rule;
 
-  // addmm(bias, m1, m2, beta, alpha) = beta*bias + alpha*(m1 @ m2)
+  // addmm(bias, m1, m2, beta, alpha) = beta*bias + alpha*(m1 @ m2). With a sharded contraction
+  // the product is a partial sum over the contraction axes; the result stays one too: every
+  // member adds beta*bias/n (n = the group size), so the pending sum counts the bias once and
+  // the consumer decides between all-reduce and reduce-scatter. (Integer results cannot be
+  // split that way: they are reduced here and the bias added once.)
   rule.lower = [lhs, rhs, bias, k](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     if (b.factor_axes()[k].empty()) return b.EmitNodeOp(ops);
     const ir::Node& n = b.node();
@@ -50,20 +54,43 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
     TensorType local{n.output(0).dtype, LocalShape(n.output(0).shape, layout)};
     LocalValue prod = b.EmitOp(mm, mm_schema, {ops[lhs].value, ops[rhs].value},
                                {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, local, layout, n.output(0));
-    LocalValue full = b.Resolve(prod);
-    // add(bias, full, alpha): bias scaled by beta first when beta != 1.
-    ir::Value bias_v = ops[bias].value;
+    const bool keep_partial = IsFloatingPoint(n.output(0).dtype);
+    if (!keep_partial) prod = b.Resolve(prod);
     const ir::Arg beta = b.node_arg(3);
-    if (beta.is_scalar() && beta.ScalarValue() != 1.0) {
+    if (beta.is_scalar() && !beta.dynamic && beta.ScalarValue() == 0.0) {
+      // beta = 0 ignores the bias entirely (NaN/inf in it must not propagate, as in ATen).
+      return std::vector<LocalValue>{b.EmitOp(
+          "aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+          {prod.value}, {ir::Arg::Tensor(0), b.node_arg(4)}, prod.value.type(), prod.layout,
+          n.output(0))};
+    }
+    // add(bias * beta [/ n], prod, alpha).
+    ir::Value bias_v = ops[bias].value;
+    ir::Arg bias_scale = beta;
+    if (keep_partial) {
+      double n_members = static_cast<double>(AxesSize(b.mesh(), b.factor_axes()[k]));
+      ir::Arg s;
+      s.kind = ir::Arg::Kind::kScalarDouble;
+      s.d = (beta.is_scalar() ? beta.ScalarValue() : 1.0) / n_members;
+      if (beta.is_scalar() && beta.dynamic) {
+        // A run-time beta: scale by 1/n here, by beta below.
+        bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+                          {bias_v}, {ir::Arg::Tensor(0), beta}, bias_v.type(), ops[bias].layout,
+                          ops[bias].global).value;
+        s.d = 1.0 / n_members;
+      }
+      bias_scale = s;
+    }
+    if (bias_scale.is_scalar() && (bias_scale.dynamic || bias_scale.ScalarValue() != 1.0)) {
       bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
-                        {bias_v}, {ir::Arg::Tensor(0), beta}, bias_v.type(), ops[bias].layout,
+                        {bias_v}, {ir::Arg::Tensor(0), bias_scale}, bias_v.type(), ops[bias].layout,
                         ops[bias].global).value;
     }
     LocalValue out = b.EmitOp(
         "aten::add.Tensor",
         {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}, {"alpha", ir::ArgType::kScalar}},
-        {bias_v, full.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1), b.node_arg(4)}, full.value.type(),
-        full.layout, n.output(0));
+        {bias_v, prod.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1), b.node_arg(4)}, prod.value.type(),
+        prod.layout, n.output(0));
     return std::vector<LocalValue>{out};
   };
   return rule;

@@ -34,23 +34,49 @@ double LocalFraction(const LocalValue& v) {
 }
 
 // loss(self, target, ..., reduction): elementwise over self's dims, then none/sum/mean.
+// A sharded sum/mean runs the loss with reduction=none on the shard, zeroes the padding of the
+// elementwise losses and sums them: masking the inputs instead is not enough, since most losses
+// are not 0 at (0, 0) (soft margin and BCE-with-logits give log 2 there).
 std::optional<ShardingRule> ReducingLoss(const ir::Node& node) {
-  int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
+  int reduction_arg = ArgIndex(node, "reduction");
+  int reduction = static_cast<int>(IntArg(node, reduction_arg, kReductionMean));
   const TensorType& self = node.input(0).type();
   ShardingRule rule;
   TensorFactors fs;
   for (int64_t size : self.shape)
     fs.push_back({rule.AddFactor(size, reduction == kReductionNone ? FactorKind::kPassThrough
                                                                    : FactorKind::kReduction)});
+  // BCE kernels reject inputs outside [0, 1]: padding garbage must not reach them.
+  if (node.op()->name == "aten::binary_cross_entropy")
+    for (Factor& f : rule.factors) f.always_mask = true;
   for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), self, fs));
   rule.results = {reduction == kReductionNone ? fs : TensorFactors{}};
-  if (reduction == kReductionMean) {
-    rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
-      std::vector<LocalValue> r = b.EmitNodeOp(ops);
-      r[0] = Scale(b, r[0], LocalFraction(ops[0]));
-      return r;
-    };
-  }
+  if (reduction == kReductionNone || reduction_arg < 0) return rule;
+  rule.lower = [reduction_arg, reduction](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    const ir::Node& n = b.node();
+    bool sharded = false;
+    for (const AxisList& a : b.factor_axes()) sharded |= !a.empty();
+    if (!sharded) return b.EmitNodeOp(ops);
+    const LocalValue& self = ops[0];
+    std::vector<ir::Arg> args = b.WithSlots(n.args());
+    args[reduction_arg] = ir::Arg::Int(kReductionNone);
+    std::vector<ir::Value> inputs;
+    for (const LocalValue& v : ops) inputs.push_back(v.value);
+    const DType dtype = n.output(0).dtype;
+    LocalValue each = b.EmitOp(n.op()->qualified.c_str(), n.op()->args, inputs, args,
+                               TensorType{dtype, self.local_shape()}, self.layout.WithoutPartial(),
+                               TensorType{dtype, self.global.shape});
+    std::vector<int> dims;
+    for (int64_t d = 0; d < self.global.rank(); ++d) dims.push_back(static_cast<int>(d));
+    each = MaskPadding(b.program(), each, dims, 0.0);
+    LocalValue total = b.EmitOp(
+        "aten::sum", {{"self", ir::ArgType::kTensor}, {"dtype", ir::ArgType::kScalarType, true}},
+        {each.value}, {ir::Arg::Tensor(0), ir::Arg::None()}, TensorType{dtype, {}},
+        b.result_layout(0), n.output(0));
+    if (reduction == kReductionMean)
+      total = Scale(b, total, 1.0 / static_cast<double>(std::max<int64_t>(NumElements(self.global.shape), 1)));
+    return std::vector<LocalValue>{total};
+  };
   return rule;
 }
 
@@ -61,6 +87,8 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
   const TensorType& out = node.output(0);
   ShardingRule rule;
   TensorFactors fo = PassThroughFactors(rule, out);
+  if (node.op()->name == "aten::binary_cross_entropy_backward")
+    for (Factor& f : rule.factors) f.always_mask = true;  // see ReducingLoss
   for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), out, fo));
   rule.results = {fo};
   if (reduction == kReductionMean) {
@@ -215,6 +243,9 @@ std::optional<ShardingRule> Embedding(const ir::Node& node) {
   int v = rule.AddFactor(weight.shape[0], FactorKind::kNeedReplication);
   int d = rule.AddFactor(weight.shape[1]);
   TensorFactors fi = PassThroughFactors(rule, indices);
+  // The padding of sharded index dims holds garbage that the kernel would reject as out of
+  // range: read index 0 there (those output rows are padding too).
+  for (const DimFactors& dim : fi) rule.factors[dim[0]].always_mask = true;
   TensorFactors fo = fi;
   fo.push_back({d});
   rule.operands = {{{v}, {d}}, fi};
@@ -246,7 +277,8 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
 
 void RegisterNNRules() {
   RegisterRules({"aten::mse_loss", "aten::smooth_l1_loss", "aten::huber_loss",
-                 "aten::binary_cross_entropy", "aten::soft_margin_loss", "aten::l1_loss"},
+                 "aten::binary_cross_entropy", "aten::soft_margin_loss", "aten::l1_loss",
+                 "aten::binary_cross_entropy_with_logits"},
                 ReducingLoss);
   RegisterRules({"aten::mse_loss_backward", "aten::smooth_l1_loss_backward",
                  "aten::huber_loss_backward", "aten::binary_cross_entropy_backward",

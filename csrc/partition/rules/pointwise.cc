@@ -22,7 +22,12 @@ std::optional<ShardingRule> Pointwise(const ir::Node& node) {
   // *_like ops and fill read only the shape (and dtype) of `self`.
   const std::string& name = node.op()->name;
   bool like = name.size() > 5 && name.compare(name.size() - 5, 5, "_like") == 0;
-  if (like || name == "aten::fill" || name == "aten::zero") {
+  // In-place random fills overwrite every element: they too read only the shape.
+  bool random_fill = name == "aten::bernoulli_" || name == "aten::uniform_" ||
+                     name == "aten::normal_" || name == "aten::random_" ||
+                     name == "aten::exponential_";
+  bool scalar_p = node.inputs().size() == 1;  // bernoulli_.float (p a number), not .Tensor
+  if (like || name == "aten::fill" || name == "aten::zero" || (random_fill && scalar_p)) {
     rule.shape_only_operands.assign(node.inputs().size(), false);
     rule.shape_only_operands[0] = true;
   }
@@ -88,6 +93,8 @@ void RegisterPointwiseRules() {
        "aten::_to_copy", "aten::clone", "aten::copy", "aten::copy_", "aten::fill",
        "aten::zero", "aten::zeros_like", "aten::ones_like", "aten::full_like",
        "aten::empty_like", "aten::rand_like", "aten::randn_like", "aten::bernoulli",
+       "aten::bernoulli_", "aten::uniform_", "aten::normal_", "aten::random_",
+       "aten::exponential_",
        "aten::native_dropout", "aten::native_dropout_backward", "aten::alias_copy",
        "aten::detach_copy", "aten::lift_fresh_copy", "aten::max.other", "aten::min.other"},
       Pointwise);
@@ -95,6 +102,14 @@ void RegisterPointwiseRules() {
                  "aten::rand", "aten::randn", "aten::new_zeros", "aten::new_ones",
                  "aten::new_full", "aten::new_empty", "aten::new_empty_strided"},
                 Factory);
+  // Registered last: these override the plain pointwise entries above.
+  // Linear in their tensor operand(s), the others fixed: pending partial sums pass through.
+  // (mul is linear in either factor; div in its numerator.)
+  RegisterRules({"aten::neg", "aten::clone", "aten::detach_copy", "aten::alias_copy",
+                 "aten::lift_fresh_copy", "aten::mul"},
+                LinearIn(Pointwise, {-1}));
+  RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
+  RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));
 }
 
 }  // namespace spmd::partition

@@ -92,8 +92,9 @@ RuleBuilder With(Combine c) {
 }  // namespace
 
 void RegisterReductionRules() {
-  RegisterRules({"aten::sum", "aten::nansum"}, With(Combine::kSum));
-  RegisterRules({"aten::mean"}, With(Combine::kMean));
+  RegisterRules({"aten::sum"}, LinearIn(With(Combine::kSum)));
+  RegisterRules({"aten::nansum"}, With(Combine::kSum));
+  RegisterRules({"aten::mean"}, LinearIn(With(Combine::kMean)));
   RegisterRules({"aten::amax", "aten::max"}, With(Combine::kMax));
   RegisterRules({"aten::amin", "aten::min"}, With(Combine::kMin));
   // max.dim/min.dim also return indices, which cannot be combined from partial results.

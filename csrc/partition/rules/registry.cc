@@ -66,6 +66,19 @@ bool HasRuleFor(const std::string& qualified_name) {
   return r.rules.count(qualified_name.substr(0, qualified_name.find('.'))) > 0;
 }
 
+RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
+  return [inner, operands](const ir::Node& node) -> std::optional<ShardingRule> {
+    std::optional<ShardingRule> rule = inner(node);
+    if (!rule) return rule;
+    rule->linear_operands.assign(node.inputs().size(), false);
+    for (int i : operands) {
+      if (i < 0) rule->linear_operands.assign(node.inputs().size(), true);
+      else if (i < static_cast<int>(node.inputs().size())) rule->linear_operands[i] = true;
+    }
+    return rule;
+  };
+}
+
 TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type) {
   TensorFactors tf;
   for (int64_t size : type.shape) tf.push_back({rule.AddFactor(size)});

@@ -66,6 +66,13 @@ struct ShardingRule {
   // fill): they need the right tiling but not their pending partial sums reduced.
   std::vector<bool> shape_only_operands;
 
+  // Operands the op is linear in, the other operands fixed: op(a + b) = op(a) + op(b) (views,
+  // transposes, slices, negation, scaling, sums). A pending partial *sum* in such an operand
+  // may stay pending through the op, into every result, instead of being reduced first; the
+  // partitioner does so when it is the only partial operand, its axes tile nothing here, and
+  // no result is larger than it (a later reduction must not move more bytes).
+  std::vector<bool> linear_operands;
+
   // Emits the local computation given operands already in the layouts the factor assignment
   // asks for; returns one value per result. Unset: the same op with local shapes, with the
   // node's args rewritten by `local_args` (when set).
@@ -97,6 +104,10 @@ void RegisterRule(const std::string& op_name, RuleBuilder builder);
 void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& builder);
 std::optional<ShardingRule> GetRule(const ir::Node& node);
 bool HasRuleFor(const std::string& qualified_name);
+
+// `inner` with ShardingRule::linear_operands set for the listed operand positions (-1: every
+// operand).
+RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands = {0});
 
 // Helpers shared by rule files.
 // One pass-through factor per dim of `type`; returns the factors.

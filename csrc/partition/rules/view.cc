@@ -306,27 +306,31 @@ std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
 void RegisterViewRules() {
   RegisterRule("aten::select_backward", [](const ir::Node& n) { return IntoZeros(n, true); });
   RegisterRule("aten::slice_backward", [](const ir::Node& n) { return IntoZeros(n, false); });
+  // Views, permutations, slices and position-wise copies are linear: pending partial sums pass
+  // through them (LinearIn).
   RegisterRules({"aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy",
                  "aten::reshape"},
-                WithLocalSize(Reshape, "size"));
-  RegisterRule("aten::permute_copy", [](const ir::Node& n) {
+                LinearIn(WithLocalSize(Reshape, "size")));
+  RegisterRule("aten::permute_copy", LinearIn([](const ir::Node& n) {
     return Permute(n, IntListArg(n, ArgIndex(n, "dims")));
-  });
-  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, Transpose);
+  }));
+  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, LinearIn(Transpose));
   RegisterRule("aten::expand_copy", WithLocalSize(Expand, "size"));
-  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, SqueezeLike);
-  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, Select);
+  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, LinearIn(SqueezeLike));
+  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, LinearIn(Select));
   RegisterRule("aten::cat", [](const ir::Node& n) { return Join(n, false); });
   RegisterRule("aten::stack", [](const ir::Node& n) { return Join(n, true); });
   RegisterRule("aten::slice_scatter", [](const ir::Node& n) { return ScatterInto(n, false); });
   RegisterRule("aten::select_scatter", [](const ir::Node& n) { return ScatterInto(n, true); });
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
-                 "aten::narrow_copy", "aten::cumsum", "aten::cumprod", "aten::sort",
-                 "aten::topk", "aten::_softmax", "aten::_log_softmax",
-                 "aten::_softmax_backward_data", "aten::_log_softmax_backward_data"},
+                 "aten::narrow_copy", "aten::cumsum"},
+                LinearIn(Positional(DimArg)));
+  RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
+                 "aten::_log_softmax", "aten::_softmax_backward_data",
+                 "aten::_log_softmax_backward_data"},
                 Positional(DimArg));
-  RegisterRules({"aten::flip", "aten::roll"}, Positional(DimsArg));
-  RegisterRules({"aten::tril", "aten::triu"}, Positional(LastTwo));
+  RegisterRules({"aten::flip", "aten::roll"}, LinearIn(Positional(DimsArg)));
+  RegisterRules({"aten::tril", "aten::triu"}, LinearIn(Positional(LastTwo)));
   RegisterRules({"aten::constant_pad_nd", "aten::repeat"}, Positional(AllDims));
 }
 
