@@ -11,3 +11,27 @@ for p in (_ROOT, _HERE):
 
 import torch  # noqa: E402,F401  (torch before the extension)
 import torch_spmd  # noqa: E402,F401
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+import torch_spmd.distributed.spmd as xs  # noqa: E402
+import torch_spmd.runtime as xr  # noqa: E402
+
+
+def ensure_devices(n: int = 8, memory: str = "16GiB") -> None:
+    """Configures `n` emulated devices unless they already are (reconfiguring needs every device
+    buffer to be gone, hence the collection)."""
+    if xr.global_runtime_device_count() != n:
+        gc.collect()
+        xr.configure_devices(n, memory)
+
+
+@pytest.fixture(scope="module")
+def eight_devices():
+    """Eight emulated devices in SPMD mode; no global mesh left behind."""
+    ensure_devices(8)
+    xr.use_spmd()
+    yield
+    xs.set_global_mesh(None)

@@ -31,13 +31,8 @@ DEV = torch_spmd.device()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def eight_devices():
-    if xr.global_runtime_device_count() != N:
-        gc.collect()
-        xr.configure_devices(N, "16GiB")
-    xr.use_spmd()
-    yield
+pytestmark = pytest.mark.usefixtures("eight_devices")
+
 
 
 def mesh(shape, names=("fsdp", "tensor"), ids=None):

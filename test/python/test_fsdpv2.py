@@ -32,14 +32,8 @@ DEV = torch_spmd.device()
 RTOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def eight_devices():
-    if xr.global_runtime_device_count() != N:
-        gc.collect()
-        xr.configure_devices(N, "16GiB")
-    xr.use_spmd()
-    yield
-    xs.set_global_mesh(None)
+pytestmark = pytest.mark.usefixtures("eight_devices")
+
 
 
 def fsdp_mesh():

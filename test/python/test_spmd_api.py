@@ -23,13 +23,8 @@ from torch_spmd.distributed.spmd import Mesh, ShardingType, XLAShardedTensor  # 
 N = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def eight_devices():
-    if xr.global_runtime_device_count() != N:
-        gc.collect()
-        xr.configure_devices(N, "16GiB")
-    xr.use_spmd()
-    yield
+pytestmark = pytest.mark.usefixtures("eight_devices")
+
 
 
 def dev_tensor(x):

@@ -16,12 +16,8 @@ from torch_spmd.distributed.spmd.debugging import visualize_sharding  # noqa: E4
 N = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def eight_devices():
-    if xr.global_runtime_device_count() != N:
-        gc.collect()
-        xr.configure_devices(N, "16GiB")
-    yield
+pytestmark = pytest.mark.usefixtures("eight_devices")
+
 
 
 def cell_texts(table):

@@ -18,12 +18,8 @@ from torch_spmd import _C  # noqa: E402
 N = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def eight_devices():
-    if xr.global_runtime_device_count() != N:
-        gc.collect()
-        xr.configure_devices(N, "16GiB")
-    yield
+pytestmark = pytest.mark.usefixtures("eight_devices")
+
 
 
 def mesh_4x2():

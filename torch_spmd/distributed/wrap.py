@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Set, Tuple, Type, cast
 import torch.nn as nn
 
 __all__ = [
+    "check_wrappable",
     "always_wrap_policy",
     "lambda_auto_wrap_policy",
     "transformer_auto_wrap_policy",
@@ -139,3 +140,23 @@ def recursive_wrap(module: nn.Module,
             return _wrap(module, wrapper_cls, **kwargs), num_params
         return module, total_wrapped_params
     return module, 0
+
+
+def check_wrappable(module: nn.Module, wrapper_cls: type) -> None:
+    """PyTorch/XLA's checks before wrapping ``module`` in FSDP (v1 or v2): not already wrapped,
+    and a ``forward`` of its own (``nn.ModuleList`` and ``nn.ModuleDict`` have none)."""
+    if isinstance(module, wrapper_cls):
+        raise RuntimeError(
+            "Cannot wrap a module that is already wrapped with FSDP. For nested FSDP, "
+            "first wrap the inner child modules before wrapping the outer parent module.")
+    is_forward_defined = (hasattr(module, "forward") and hasattr(module.forward, "__func__")
+                          and module.forward.__func__ != nn.Module.forward)
+    if not is_forward_defined:
+        raise RuntimeError(
+            "The module wrapped by FSDP *must define a `forward` method and call it "
+            "during the module's forward pass for FSDP to work correctly.* "
+            "Hence, do not wrap `nn.ModuleList` or `nn.ModuleDict` with FSDP "
+            "(since they don't have `forward` defined), "
+            "and do not perform the forward pass in other ways apart from the `forward` "
+            "method. (i.e. you should directly call the FSDP-wrapped module itself in your "
+            "code, instead of using any of its submodules or its weights).")

@@ -19,7 +19,7 @@ import torch.nn as nn
 from .. import _C
 from .._device import device as _spmd_device
 from ..distributed import spmd
-from ..distributed.wrap import recursive_wrap
+from ..distributed.wrap import check_wrappable, recursive_wrap
 
 __all__ = ["SpmdFullyShardedDataParallel", "FSDPv2"]
 
@@ -76,22 +76,7 @@ class SpmdFullyShardedDataParallel(nn.Module):
         auto_wrapper_callable: Optional[Callable] = None,
         extra_data_axis: Optional[str] = None,
     ):
-        if isinstance(module, SpmdFullyShardedDataParallel):
-            raise RuntimeError(
-                "Cannot wrap a module that is already wrapped with FSDP. For nested FSDP, "
-                "first wrap the inner child modules before wrapping the outer parent module.")
-        is_forward_defined = (hasattr(module, "forward") and
-                              hasattr(module.forward, "__func__") and
-                              module.forward.__func__ != nn.Module.forward)
-        if not is_forward_defined:
-            raise RuntimeError(
-                "The module wrapped by FSDP *must define a `forward` method and call it "
-                "during the module's forward pass for FSDP to work correctly.* "
-                "Hence, do not wrap `nn.ModuleList` or `nn.ModuleDict` with FSDP "
-                "(since they don't have `forward` defined), "
-                "and do not perform the forward pass in other ways apart from the `forward` "
-                "method. (i.e. you should directly call the FSDP-wrapped module itself in your "
-                "code, instead of using any of its submodules or its weights).")
+        check_wrappable(module, SpmdFullyShardedDataParallel)
         if mesh is None:
             mesh = spmd.get_global_mesh()
             if mesh is None:

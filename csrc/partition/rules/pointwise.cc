@@ -45,18 +45,8 @@ std::optional<ShardingRule> Factory(const ir::Node& node) {
   for (const ir::Value& in : node.inputs())
     rule.operands.push_back(TensorFactors(in.type().rank()));  // new_*: self gives only options
   rule.shape_only_operands.assign(node.inputs().size(), true);
-  int stride_arg = ArgIndex(node, "stride");
-  rule.local_args = [size_arg, stride_arg](const ir::Node& n, const std::vector<Shape>& local) {
-    std::vector<ir::Arg> args = n.args();
-    args[size_arg] = ir::Arg::IntList(local[0]);
-    if (stride_arg >= 0) {
-      std::vector<int64_t> stride(local[0].size(), 1);
-      for (int64_t d = static_cast<int64_t>(stride.size()) - 2; d >= 0; --d)
-        stride[d] = stride[d + 1] * std::max<int64_t>(local[0][d + 1], 1);
-      args[stride_arg] = ir::Arg::IntList(stride);
-    }
-    return args;
-  };
+  rule.local_args = LocalSizeArgs(size_arg, ArgIndex(node, "stride"));
+
   return rule;
 }
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -95,6 +96,21 @@ TensorFactors BroadcastFactors(const TensorType& type, const TensorType& result,
     if (type.shape[d] == result.shape[rd]) tf[d] = result_factors[rd];
   }
   return tf;
+}
+
+std::function<std::vector<ir::Arg>(const ir::Node&, const std::vector<Shape>&)> LocalSizeArgs(
+    int size_index, int stride_index) {
+  return [size_index, stride_index](const ir::Node& n, const std::vector<Shape>& local) {
+    std::vector<ir::Arg> args = n.args();
+    args[size_index] = ir::Arg::IntList(local[0]);
+    if (stride_index >= 0) {
+      std::vector<int64_t> stride(local[0].size(), 1);
+      for (int64_t d = static_cast<int64_t>(stride.size()) - 2; d >= 0; --d)
+        stride[d] = stride[d + 1] * std::max<int64_t>(local[0][d + 1], 1);
+      args[stride_index] = ir::Arg::IntList(stride);
+    }
+    return args;
+  };
 }
 
 std::vector<int64_t> IntListArg(const ir::Node& node, int index) {

@@ -116,6 +116,10 @@ TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type);
 // broadcast against a larger result dim get no factor.
 TensorFactors BroadcastFactors(const TensorType& type, const TensorType& result,
                                const TensorFactors& result_factors);
+// A `local_args` rewrite that sets the int-list arg at `size_index` to result 0's local shape
+// and, when `stride_index` >= 0, the arg there to that shape's contiguous strides.
+std::function<std::vector<ir::Arg>(const ir::Node&, const std::vector<Shape>&)> LocalSizeArgs(
+    int size_index, int stride_index = -1);
 // The integer list in arg `index` ({} when None), or the single int promoted to a list.
 std::vector<int64_t> IntListArg(const ir::Node& node, int index);
 int64_t IntArg(const ir::Node& node, int index, int64_t default_value = 0);

@@ -24,18 +24,8 @@ RuleBuilder WithLocalSize(RuleBuilder inner, const char* name) {
     std::optional<ShardingRule> rule = inner(node);
     int idx = ArgIndex(node, name);
     if (!rule || idx < 0) return rule;
-    int stride_idx = ArgIndex(node, "stride");
-    rule->local_args = [idx, stride_idx](const ir::Node& n, const std::vector<Shape>& local) {
-      std::vector<ir::Arg> args = n.args();
-      args[idx] = ir::Arg::IntList(local[0]);
-      if (stride_idx >= 0) {
-        std::vector<int64_t> stride(local[0].size(), 1);
-        for (int64_t d = static_cast<int64_t>(stride.size()) - 2; d >= 0; --d)
-          stride[d] = stride[d + 1] * std::max<int64_t>(local[0][d + 1], 1);
-        args[stride_idx] = ir::Arg::IntList(stride);
-      }
-      return args;
-    };
+    rule->local_args = LocalSizeArgs(idx, ArgIndex(node, "stride"));
+
     return rule;
   };
 }
@@ -292,12 +282,8 @@ std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
   }
   rule.operands = {fgrad};
   rule.results = {fout};
-  int sizes_arg = ArgIndex(node, "input_sizes");
-  rule.local_args = [sizes_arg](const ir::Node& n, const std::vector<Shape>& local) {
-    std::vector<ir::Arg> args = n.args();
-    args[sizes_arg] = ir::Arg::IntList(local[0]);
-    return args;
-  };
+  rule.local_args = LocalSizeArgs(ArgIndex(node, "input_sizes"));
+
   return rule;
 }
 

@@ -50,7 +50,7 @@ from ._param_sharding import _ParamShardingMixin
 from ._tree import cast_floating_tensors, collect_tensors
 from .utils import (BucketizedReduceScatter, DummyReduceScatter, apply_xla_patch_to_nn_linear,
                     dummy_all_gather, dummy_all_reduce)
-from .wrap import recursive_wrap
+from ..wrap import check_wrappable, recursive_wrap
 from .xla_flatten_params_wrapper import XlaFlattenParamsWrapper
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -103,21 +103,7 @@ class XlaFullyShardedDataParallel(_ParamShardingMixin, _BackwardHooksMixin, nn.M
         _debug_dummy_reduce_scatter_op: bool = False,
         _debug_dummy_optimization_barrier_op: bool = False,
     ):
-        if isinstance(module, XlaFullyShardedDataParallel):
-            raise RuntimeError(
-                "Cannot wrap a module that is already wrapped with FSDP. For nested FSDP, "
-                "first wrap the inner child modules before wrapping the outer parent module.")
-        is_forward_defined = (hasattr(module, "forward") and hasattr(module.forward, "__func__")
-                              and module.forward.__func__ != torch.nn.Module.forward)
-        if not is_forward_defined:
-            raise RuntimeError(
-                "The module wrapped by FSDP *must define a `forward` method and call it "
-                "during the module's forward pass for FSDP to work correctly.* "
-                "Hence, do not wrap `nn.ModuleList` or `nn.ModuleDict` with FSDP "
-                "(since they don't have `forward` defined), "
-                "and do not perform the forward pass in other ways apart from the `forward` "
-                "method. (i.e. you should directly call the FSDP-wrapped module itself in your "
-                "code, instead of using any of its submodules or its weights).")
+        check_wrappable(module, XlaFullyShardedDataParallel)
         super().__init__()
 
         wrapper_cls = auto_wrapper_callable or XlaFullyShardedDataParallel
