@@ -59,3 +59,13 @@ def test_gpt_2d():
     assert "blocks.0.attn.q.weight" in lines[1] and "{devices=[2,4]0,2,4,6,1,3,5,7}" in lines[1]
     assert "['tensor']" in lines[-2] and "['fsdp']" in lines[-2]
     assert FINAL_LOSS.match(lines[-1]), lines[-1]
+
+
+def test_fsdp_nested_checkpointing_and_consolidation(tmp_path):
+    lines = run_example("train_fsdp_nested_ckpt.py", "--steps", "6", "--nprocs", "2",
+                        "--ckpt-dir", str(tmp_path))
+    m = re.match(r"2 processes, ZeRO-3 \+ checkpointing, 6 steps: validation loss (\d+\.\d+) "
+                 r"\(sharded model\), (\d+\.\d+) \(consolidated, on CPU\)$", lines[-1])
+    assert m and m.group(1) == m.group(2), lines[-1]
+    assert (tmp_path / "final_ckpt_consolidated.pth").exists()
+    assert len(list(tmp_path.glob("final_ckpt_rank-*-of-00000002.pth"))) == 2
