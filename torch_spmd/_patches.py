@@ -1,6 +1,11 @@
 """Python-side fixes for storage-less device tensors on torch 1.13.
 
 - ``repr``/``print``: ``torch._tensor_str`` only copies xla/lazy/ipu tensors to the host first.
+- ``Module.to(spmd)`` / ``Module._apply``: a CPU parameter cannot become an spmd tensor in place
+  (``param.data = ...`` needs compatible tensor types), so torch creates new ``Parameter``
+  objects; weights tied across modules (an embedding and an LM head) would silently come
+  apart. The patch re-ties them: every module slot that held one parameter object holds one
+  new object afterwards, as with ``.cuda()``.
 - pickling (``torch.save``, ``copy.deepcopy``): the functionalization wrapper has no storage
   that Python may touch; we pickle the host value and rebuild on the device, the way torch
   pickles xla tensors. Unlike xla's, the host value's storage is tagged with the spmd device's
@@ -123,7 +128,43 @@ def _spmd_deepcopy(self, memo):
     return new
 
 
+_orig_apply = torch.nn.Module._apply
+
+
+def _apply_keeping_ties(self, fn):
+    """Module._apply that keeps parameters shared between modules shared (see module doc)."""
+    slots = {}  # id(original parameter) -> [(module, name), ...]
+    originals = {}
+    for module in self.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                slots.setdefault(id(p), []).append((module, name))
+                originals[id(p)] = p  # keep the objects alive: ids stay unique meanwhile
+    shared = {key: places for key, places in slots.items() if len(places) > 1}
+    if not shared:
+        return _orig_apply(self, fn)
+    # Convert each shared parameter once: later slots see the first slot's result.
+    memo = {}
+
+    def convert_once(t):
+        if id(t) in shared:
+            if id(t) not in memo:
+                memo[id(t)] = fn(t)
+            return memo[id(t)]
+        return fn(t)
+
+    result = _orig_apply(self, convert_once)
+    for key, places in shared.items():
+        first_module, first_name = places[0]
+        tied = first_module._parameters[first_name]
+        for module, name in places[1:]:
+            module._parameters[name] = tied
+    del originals
+    return result
+
+
 def install():
+    torch.nn.Module._apply = _apply_keeping_ties
     # Before the CPU tagger (priority 10): our host copies' storages are CPU storages.
     torch.serialization.register_package(5, _spmd_tag, _spmd_deserialize)
     torch.Tensor.__repr__ = _spmd_repr

@@ -410,3 +410,26 @@ def test_init_and_in_place_parameter_edits():
     assert first.abs().max().item() <= (6 / 4) ** 0.5 and first.std().item() > bound / 4
     lin(torch.randn(2, 4).to(DEV)).sum().backward()
     assert lin.weight.grad.shape == (3, 4)
+
+
+def test_to_device_keeps_tied_weights():
+    # As with .cuda(): one parameter object shared by two modules stays one object, and the
+    # optimizer updates it once.
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+    torch.manual_seed(0)
+    cpu = Tied()
+    dev = copy.deepcopy(cpu).to(DEV)
+    assert dev.head.weight is dev.emb.weight and len(list(dev.parameters())) == 1
+    for model, device in ((cpu, "cpu"), (dev, DEV)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        idx = torch.tensor([1, 2, 3]).to(device)
+        model.head(model.emb(idx)).pow(2).mean().backward()
+        opt.step()
+    assert torch.equal(dev.head.weight.cpu(), dev.emb.weight.cpu())
+    torch.testing.assert_close(dev.emb.weight.cpu(), cpu.emb.weight)
