@@ -92,6 +92,10 @@ LocalValue LocalBuilder::EmitOp(const char* qualified, const std::vector<ir::Arg
                                 const TensorType& local_out, const Sharding& layout,
                                 const TensorType& global) {
   const ir::OpInfo* op = ir::InternOp(qualified, schema, 1);
+  // The executor builds the kernel's stack from these args: all of the op's arguments, in
+  // schema order (the op may have been interned from its real schema by the recorder).
+  SPMD_CHECK(args.size() == op->args.size(), "internal error: ", qualified, " takes ",
+             op->args.size(), " arguments, the lowering gave ", args.size());
   ir::NodePtr n = program_.Emit(op, std::move(inputs), std::move(args), {local_out}, {layout});
   return LocalValue{ir::Value{n, 0}, layout, global};
 }

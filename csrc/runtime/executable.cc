@@ -384,8 +384,19 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   std::vector<BufferPtr> given_back;
   try {
     for (const Instruction& ins : instructions_) {
-      if (ins.node->op()->internal) RunInternalOp(ins, slots);
-      else RunAtenOp(ins, slots, scalars);
+      try {
+        if (ins.node->op()->internal) RunInternalOp(ins, slots);
+        else RunAtenOp(ins, slots, scalars);
+      } catch (c10::Error& e) {
+        // Name the op that failed (the type, e.g. IndexError, is kept).
+        e.add_context("while running " + ins.node->op()->qualified + " of the compiled program");
+        throw;
+      } catch (const OutOfMemoryError&) {
+        throw;  // already names the device, the bytes and the buffer
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, e.what(), " (while running ", ins.node->op()->qualified,
+                    " of the compiled program)");
+      }
       for (int s : ins.free_after) {
         if (donated_slot[s])
           for (const BufferPtr& b : slots[s])

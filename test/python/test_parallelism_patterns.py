@@ -353,3 +353,40 @@ def test_poison_helper_fills_padding():
     shards = torch_spmd._C._local_shards(t)
     assert torch.isnan(shards[-1][1][1:]).all()
     assert torch.equal(t.cpu(), torch.zeros(10, 3))
+
+
+@pytest.mark.parametrize("batch", [8, 6])  # even, and uneven over 4 devices (padding)
+def test_data_parallel_batch_norm_is_synchronized_without_gathers(batch):
+    # Training-mode batch norm over a batch-sharded activation: the statistics are global
+    # (synchronized batch norm), computed from local sums with all-reduces of per-channel
+    # vectors; the activations themselves never move. Two all-reduces forward per batch norm
+    # (mean, then variance), one backward (sum g and sum g*xhat stacked).
+    mesh = mesh_of((4, 2))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                              torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3, padding=1),
+                              torch.nn.BatchNorm2d(4))
+    cpu, d = copy.deepcopy(net), copy.deepcopy(net).to(dev())
+    x = torch.randn(batch, 3, 6, 6)
+    xd = to_device(x, mesh, ("data", None, None, None))
+    step([])
+    out = d(xd)
+    fwd = step([out, d[1].running_mean, d[1].running_var, d[4].running_mean, d[4].running_var])
+    ref = cpu(x)
+    assert_same(out.cpu(), ref.detach(), "output")
+    for name in ("1.running_mean", "1.running_var", "4.running_mean", "4.running_var"):
+        assert_same(d.state_dict()[name].cpu(), cpu.state_dict()[name], name)
+    channel_bytes = {8 * 4, 4 * 4}
+    assert kinds(fwd) == [("all-reduce", ("data",))] * 4, fwd
+    assert all(c["bytes"] in channel_bytes for c in fwd["collectives"]), fwd
+
+    g = torch.randn(ref.shape)
+    (ref * g).sum().backward()
+    (out * g.to(dev())).sum().backward()
+    grads = [p.grad for p in d.parameters()]
+    bwd = step(grads)
+    assert_params_close(d, cpu, grads=True)
+    # Stacked [sum g, sum g*xhat] per batch norm; the conv gradients stay pending sums.
+    assert kinds(bwd) == [("all-reduce", ("data",))] * 2, bwd
+    assert all(c["bytes"] in {2 * b for b in channel_bytes} for c in bwd["collectives"]), bwd
+    assert not fwd["replicated_fallback_ops"] and not bwd["replicated_fallback_ops"]

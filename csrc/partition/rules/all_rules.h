@@ -7,6 +7,7 @@ void RegisterReductionRules();
 void RegisterMatmulRules();
 void RegisterViewRules();
 void RegisterNNRules();
+void RegisterBatchNormRules();
 void RegisterIndexRules();
 void RegisterConvRules();  // conv.cc
 void RegisterPoolRules();  // pool.cc

@@ -1,4 +1,5 @@
-// Neural-network ops: losses with a `reduction` argument, layer norm, batch norm, embedding.
+// Neural-network ops: losses with a `reduction` argument, layer norm, embedding (batch norm:
+// batch_norm.cc).
 // Their "mean" reductions divide by a global count, which a shard does not know: the lowerings
 // below rescale local results by local/global extent or divide by a reduced global total, so
 // the partial results sum to the single-device value.
@@ -198,42 +199,6 @@ std::optional<ShardingRule> LayerNorm(const ir::Node& node, bool backward) {
   return rule;
 }
 
-// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum,
-// eps) -> (out, save_mean, save_invstd). Channels (dim 1) pass through. Training statistics are
-// over batch and space, which therefore replicate; in eval the op is per-channel elementwise.
-// native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?,
-// save_mean?, save_invstd?, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias).
-std::optional<ShardingRule> BatchNorm(const ir::Node& node, bool backward) {
-  const TensorType& input = node.input(backward ? 1 : 0).type();
-  if (input.rank() < 2) return std::nullopt;
-  bool training = BoolArg(node, ArgIndex(node, backward ? "train" : "training"), true);
-  ShardingRule rule;
-  TensorFactors fin;
-  int channel = -1;
-  std::vector<int> others;
-  for (int64_t d = 0; d < input.rank(); ++d) {
-    if (d == 1) {
-      channel = rule.AddFactor(input.shape[d]);
-      fin.push_back({channel});
-      continue;
-    }
-    FactorKind kind = training ? FactorKind::kNeedReplication
-                               : (backward ? FactorKind::kReduction : FactorKind::kPassThrough);
-    int f = rule.AddFactor(input.shape[d], kind);
-    others.push_back(f);
-    fin.push_back({f});
-  }
-  auto factors_for = [&](const TensorType& t) -> TensorFactors {
-    if (t.shape == input.shape) return fin;
-    if (t.rank() == 1 && t.shape[0] == input.shape[1]) return {{channel}};
-    return TensorFactors(t.rank());
-  };
-  for (const ir::Value& in : node.inputs()) rule.operands.push_back(factors_for(in.type()));
-  for (const TensorType& t : node.outputs())
-    rule.results.push_back(t.dtype == DType::kUndefined ? TensorFactors() : factors_for(t));
-  return rule;
-}
-
 // embedding(weight [V,D], indices [...]) -> [..., D]: the vocabulary replicates.
 std::optional<ShardingRule> Embedding(const ir::Node& node) {
   const TensorType& weight = node.input(0).type();
@@ -288,8 +253,6 @@ void RegisterNNRules() {
   RegisterRule("aten::nll_loss_backward", NllLossBackward);
   RegisterRule("aten::native_layer_norm", [](const ir::Node& n) { return LayerNorm(n, false); });
   RegisterRule("aten::native_layer_norm_backward", [](const ir::Node& n) { return LayerNorm(n, true); });
-  RegisterRule("aten::native_batch_norm", [](const ir::Node& n) { return BatchNorm(n, false); });
-  RegisterRule("aten::native_batch_norm_backward", [](const ir::Node& n) { return BatchNorm(n, true); });
   RegisterRule("aten::embedding", Embedding);
   RegisterRule("aten::embedding_dense_backward", EmbeddingBackward);
 }

@@ -46,6 +46,7 @@ void RegisterAllRules() {
     RegisterMatmulRules();
     RegisterViewRules();
     RegisterNNRules();
+    RegisterBatchNormRules();
     RegisterIndexRules();
     RegisterConvRules();
     RegisterPoolRules();
