@@ -204,3 +204,40 @@ def batch_at(data: torch.Tensor, batch_size: int, block_size: int, seed: int,
     x = torch.stack([data[s:s + block_size] for s in starts.tolist()])
     y = torch.stack([data[s + 1:s + 1 + block_size] for s in starts.tolist()])
     return x, y
+
+
+# ---- shared by the training scripts ----------------------------------------------------------
+
+def add_model_args(p, steps: int) -> None:
+    """The command-line options every GPT example takes (model size, data, optimization)."""
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch-size", type=int, default=32, help="global batch (all devices)")
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--devices", type=int, default=None,
+                   help="emulated devices (default: $SPMD_NUM_DEVICES, else 8)")
+    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def validation_loss(model, val_data, args, dev, input_sharding) -> float:
+    """Mean loss over ``args.eval_batches`` held-out batches, sharded like the training ones."""
+    import torch_spmd.core.xla_model as xm
+    with torch.no_grad():
+        losses = []
+        for i in range(args.eval_batches):
+            x, y = batch_at(val_data, args.batch_size, args.block_size, args.seed + 1, i)
+            xb, yb = xm.send_cpu_data_to_device((x, y), dev, input_sharding=input_sharding)
+            losses.append(lm_loss(model(xb), yb).item())
+    return sum(losses) / max(1, len(losses))
+
+
+def report_final_loss(losses, val_loss: float) -> float:
+    """Prints the examples' last line; returns the mean of the last 10 training losses."""
+    recent = sum(losses[-10:]) / max(1, len(losses[-10:])) if losses else float("nan")
+    print(f"final loss: train {recent:.4f} (mean of last 10 steps), validation {val_loss:.4f} "
+          f"({val_loss / math.log(2):.3f} bits/byte)")
+    return recent

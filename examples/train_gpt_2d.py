@@ -15,23 +15,15 @@ import os
 import sys
 import time
 
+from tiny_gpt import add_model_args, report_final_loss, validation_loss  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=250)
-    p.add_argument("--batch-size", type=int, default=32, help="global batch (all devices)")
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--devices", type=int, default=None,
-                   help="emulated devices (default: $SPMD_NUM_DEVICES, else 8)")
+    add_model_args(p, steps=250)
     p.add_argument("--tensor", type=int, default=2, help="size of the 'tensor' mesh axis")
-    p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--no-activation-hints", action="store_true",
                    help="annotate parameters and inputs only (see annotate_2d_activations)")
-    p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
@@ -99,19 +91,11 @@ def main(argv=None):
         kinds[key] = kinds.get(key, 0) + 1
     moved = sum(c["bytes"] for c in stats["collectives"])
 
-    with torch.no_grad():
-        val = []
-        for i in range(args.eval_batches):
-            x, y = batch_at(val_data, args.batch_size, args.block_size, args.seed + 1, i)
-            xb, yb = xm.send_cpu_data_to_device((x, y), dev, input_sharding=input_sharding)
-            val.append(lm_loss(model(xb), yb).item())
+    val_loss = validation_loss(model, val_data, args, dev, input_sharding)
     print(f"{len(losses)} steps in {time.time() - t0:.1f}s; collectives per training step "
           f"(kind[axes]): {kinds}, {moved / 2**20:.2f} MiB per device; peak "
           f"{stats['peak_bytes_per_device'] / 2**20:.2f} MiB per device")
-    recent = sum(losses[-10:]) / max(1, len(losses[-10:]))
-    val_loss = sum(val) / max(1, len(val))
-    print(f"final loss: train {recent:.4f} (mean of last 10 steps), validation {val_loss:.4f} "
-          f"({val_loss / np.log(2):.3f} bits/byte)")
+    recent = report_final_loss(losses, val_loss)
     return recent, val_loss
 
 
