@@ -60,6 +60,9 @@ struct Arg {
     Arg a; a.kind = Kind::kTensorList; a.ints = std::move(inputs); return a;
   }
   static Arg String(std::string v) { Arg a; a.kind = Kind::kString; a.s = std::move(v); return a; }
+  // A constant Scalar argument (not fed at run time), as lowerings emit them.
+  static Arg ScalarDouble(double v) { Arg a; a.kind = Kind::kScalarDouble; a.d = v; return a; }
+  static Arg ScalarInt(int64_t v) { Arg a; a.kind = Kind::kScalarInt; a.i = v; return a; }
   static Arg ScalarType(int64_t dtype) { Arg a; a.kind = Kind::kScalarType; a.i = dtype; return a; }
 
   bool is_none() const { return kind == Kind::kNone; }

@@ -14,20 +14,6 @@ Arg AxesArg(const AxisList& axes) {
   return Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end()));
 }
 
-Arg ScalarDouble(double v) {
-  Arg a;
-  a.kind = Arg::Kind::kScalarDouble;
-  a.d = v;
-  return a;
-}
-
-Arg ScalarInt(int64_t v) {
-  Arg a;
-  a.kind = Arg::Kind::kScalarInt;
-  a.i = v;
-  return a;
-}
-
 // The halo's collective-permutes in the program statistics, as the runtime counts them.
 void RecordPermute(ProgramBuilder& b, const AxisList& axes, int64_t bytes) {
   CollectiveStat stat;
@@ -86,7 +72,7 @@ LocalValue PadRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t be
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor}, {"pad", ArgType::kIntList}, {"value", ArgType::kScalar}};
   return b.EmitOp("aten::constant_pad_nd", schema, {x.value},
-                  {Arg::Tensor(0), Arg::IntList(pad), ScalarDouble(value)},
+                  {Arg::Tensor(0), Arg::IntList(pad), Arg::ScalarDouble(value)},
                   TensorType{t.dtype, WithExtent(t.shape, dim, t.shape[dim] + before + after)},
                   x.layout, x.global);
 }
@@ -95,7 +81,7 @@ LocalValue Add(LocalBuilder& b, const LocalValue& x, const LocalValue& y) {
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor}, {"other", ArgType::kTensor}, {"alpha", ArgType::kScalar}};
   return b.EmitOp("aten::add.Tensor", schema, {x.value, y.value},
-                  {Arg::Tensor(0), Arg::Tensor(1), ScalarInt(1)}, x.value.type(), x.layout,
+                  {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(1)}, x.value.type(), x.layout,
                   x.global);
 }
 

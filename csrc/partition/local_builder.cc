@@ -100,4 +100,11 @@ LocalValue LocalBuilder::EmitOp(const char* qualified, const std::vector<ir::Arg
   return LocalValue{ir::Value{n, 0}, layout, global};
 }
 
+LocalValue LocalBuilder::Scale(const LocalValue& v, double factor) {
+  if (factor == 1.0) return v;
+  return EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+                {v.value}, {ir::Arg::Tensor(0), ir::Arg::ScalarDouble(factor)}, v.value.type(),
+                v.layout, v.global);
+}
+
 }  // namespace spmd::partition

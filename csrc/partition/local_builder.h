@@ -108,6 +108,8 @@ class LocalBuilder {
   LocalValue EmitOp(const char* qualified, const std::vector<ir::ArgSchema>& schema,
                     std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
                     const TensorType& local_out, const Sharding& layout, const TensorType& global);
+  // v * factor (a constant), keeping v's layout; v itself when factor is 1.
+  LocalValue Scale(const LocalValue& v, double factor);
   // Resolves pending partial sums (all-reduce), keeping the tiling.
   LocalValue Resolve(const LocalValue& v) { return Reshard(program_, v, v.layout.WithoutPartial()); }
 

@@ -25,20 +25,6 @@ using ir::Arg;
 using ir::ArgSchema;
 using ir::ArgType;
 
-Arg Scalar(double v) {
-  Arg a;
-  a.kind = Arg::Kind::kScalarDouble;
-  a.d = v;
-  return a;
-}
-
-Arg One() {
-  Arg a;
-  a.kind = Arg::Kind::kScalarInt;
-  a.i = 1;
-  return a;
-}
-
 ArgSchema T(const char* name) { return {name, ArgType::kTensor}; }
 ArgSchema S(const char* name) { return {name, ArgType::kScalar}; }
 
@@ -66,22 +52,20 @@ class Ops {
   }
   LocalValue Sub(const LocalValue& a, const LocalValue& c, const LocalValue& like) {
     return b_.EmitOp("aten::sub.Tensor", {T("self"), T("other"), S("alpha")}, {a.value, c.value},
-                     {Arg::Tensor(0), Arg::Tensor(1), One()}, like.value.type(), like.layout,
+                     {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(1)}, like.value.type(), like.layout,
                      like.global);
   }
   // a + alpha * c
   LocalValue AddScaled(const LocalValue& a, const LocalValue& c, double alpha) {
     return b_.EmitOp("aten::add.Tensor", {T("self"), T("other"), S("alpha")}, {a.value, c.value},
-                     {Arg::Tensor(0), Arg::Tensor(1), Scalar(alpha)}, a.value.type(), a.layout,
+                     {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarDouble(alpha)}, a.value.type(), a.layout,
                      a.global);
   }
-  LocalValue Scale(const LocalValue& a, double factor) {
-    return b_.EmitOp("aten::mul.Scalar", {T("self"), S("other")}, {a.value},
-                     {Arg::Tensor(0), Scalar(factor)}, a.value.type(), a.layout, a.global);
-  }
+  LocalValue Scale(const LocalValue& a, double factor) { return b_.Scale(a, factor); }
+
   LocalValue AddScalar(const LocalValue& a, double v) {
     return b_.EmitOp("aten::add.Scalar", {T("self"), S("other"), S("alpha")}, {a.value},
-                     {Arg::Tensor(0), Scalar(v), One()}, a.value.type(),
+                     {Arg::Tensor(0), Arg::ScalarDouble(v), Arg::ScalarInt(1)}, a.value.type(),
                      a.layout, a.global);
   }
   LocalValue Rsqrt(const LocalValue& a) {

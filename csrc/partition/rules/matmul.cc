@@ -69,9 +69,7 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
     ir::Arg bias_scale = beta;
     if (keep_partial) {
       double n_members = static_cast<double>(AxesSize(b.mesh(), b.factor_axes()[k]));
-      ir::Arg s;
-      s.kind = ir::Arg::Kind::kScalarDouble;
-      s.d = (beta.is_scalar() ? beta.ScalarValue() : 1.0) / n_members;
+      ir::Arg s = ir::Arg::ScalarDouble((beta.is_scalar() ? beta.ScalarValue() : 1.0) / n_members);
       if (beta.is_scalar() && beta.dynamic) {
         // A run-time beta: scale by 1/n here, by beta below.
         bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},

@@ -13,21 +13,6 @@ namespace {
 
 constexpr int64_t kReductionNone = 0, kReductionMean = 1;
 
-ir::Arg ScalarDouble(double v) {
-  ir::Arg a;
-  a.kind = ir::Arg::Kind::kScalarDouble;
-  a.d = v;
-  return a;
-}
-
-// x * factor (a constant), keeping the layout.
-LocalValue Scale(LocalBuilder& b, const LocalValue& x, double factor) {
-  if (factor == 1.0) return x;
-  return b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
-                  {x.value}, {ir::Arg::Tensor(0), ScalarDouble(factor)}, x.value.type(), x.layout,
-                  x.global);
-}
-
 // Local elements / global elements of v (the local count includes padding, which the masks
 // have zeroed).
 double LocalFraction(const LocalValue& v) {
@@ -75,7 +60,7 @@ std::optional<ShardingRule> ReducingLoss(const ir::Node& node) {
         {each.value}, {ir::Arg::Tensor(0), ir::Arg::None()}, TensorType{dtype, {}},
         b.result_layout(0), n.output(0));
     if (reduction == kReductionMean)
-      total = Scale(b, total, 1.0 / static_cast<double>(std::max<int64_t>(NumElements(self.global.shape), 1)));
+      total = b.Scale(total, 1.0 / static_cast<double>(std::max<int64_t>(NumElements(self.global.shape), 1)));
     return std::vector<LocalValue>{total};
   };
   return rule;
@@ -95,7 +80,7 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
   if (reduction == kReductionMean) {
     rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
       std::vector<LocalValue> r = b.EmitNodeOp(ops);
-      r[0] = Scale(b, r[0], LocalFraction(r[0]));
+      r[0] = b.Scale(r[0], LocalFraction(r[0]));
       return r;
     };
   }

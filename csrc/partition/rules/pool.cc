@@ -90,26 +90,19 @@ std::vector<Arg> LocalPoolArgs(LocalBuilder& b, const SpatialDims& space,
 
 // ---- max pooling indices: local (extended tile) <-> global flat positions ----
 
-Arg ScalarInt(int64_t v) {
-  Arg a;
-  a.kind = Arg::Kind::kScalarInt;
-  a.i = v;
-  return a;
-}
-
 LocalValue Binary(LocalBuilder& b, const char* op, const LocalValue& x, const LocalValue& y,
                   int64_t alpha = 1) {
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor}, {"other", ArgType::kTensor}, {"alpha", ArgType::kScalar}};
   return b.EmitOp(op, schema, {x.value, y.value},
-                  {Arg::Tensor(0), Arg::Tensor(1), ScalarInt(alpha)}, x.value.type(), x.layout,
+                  {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(alpha)}, x.value.type(), x.layout,
                   x.global);
 }
 
 LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int64_t v) {
   static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
                                                     {"other", ArgType::kScalar}};
-  return b.EmitOp(op, schema, {x.value}, {Arg::Tensor(0), ScalarInt(v)}, x.value.type(), x.layout,
+  return b.EmitOp(op, schema, {x.value}, {Arg::Tensor(0), Arg::ScalarInt(v)}, x.value.type(), x.layout,
                   x.global);
 }
 
@@ -118,7 +111,7 @@ LocalValue FloorDiv(LocalBuilder& b, const LocalValue& x, int64_t v) {
                                                     {"other", ArgType::kScalar},
                                                     {"rounding_mode", ArgType::kString, true}};
   return b.EmitOp("aten::div.Scalar_mode", schema, {x.value},
-                  {Arg::Tensor(0), ScalarInt(v), Arg::String("floor")}, x.value.type(), x.layout,
+                  {Arg::Tensor(0), Arg::ScalarInt(v), Arg::String("floor")}, x.value.type(), x.layout,
                   x.global);
 }
 
@@ -134,7 +127,7 @@ LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_
   TensorType all{DType::kInt64, {k}};
   const MeshPtr& mesh = b.program().mesh();
   LocalValue offsets = b.EmitOp("aten::arange.start_step", schema, {},
-                                {ScalarInt(-left), ScalarInt(k * tile - left), ScalarInt(tile),
+                                {Arg::ScalarInt(-left), Arg::ScalarInt(k * tile - left), Arg::ScalarInt(tile),
                                  Arg::None(), Arg::None(), Arg::None(), Arg::None()},
                                 all, Sharding::Replicated(mesh, 1), all);
   Sharding sliced = Sharding::Tiled(mesh, {axes});

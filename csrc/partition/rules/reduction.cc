@@ -72,13 +72,7 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
       for (size_t d = 0; d < reduced.size(); ++d)
         if (reduced[d])
           scale *= static_cast<double>(operands[0].local_shape()[d]) / operands[0].global.shape[d];
-      if (scale == 1) return r;
-      ir::Arg s;
-      s.kind = ir::Arg::Kind::kScalarDouble;
-      s.d = scale;
-      r[0] = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
-                      {r[0].value}, {ir::Arg::Tensor(0), s}, r[0].value.type(), r[0].layout,
-                      r[0].global);
+      r[0] = b.Scale(r[0], scale);
       return r;
     };
   }
