@@ -3,17 +3,28 @@ import torch
 
 from . import _C
 
-_BACKEND_NAME = "privateuseone"
-if hasattr(torch.utils, "rename_privateuse1_backend"):  # torch >= 2.1
-    try:
-        torch.utils.rename_privateuse1_backend("spmd")
-    except RuntimeError:  # already renamed by an earlier import
-        pass
-    _BACKEND_NAME = "spmd"
+from . import device_module
+
+_BACKEND_NAME = "spmd"
+
+
+def _register_backend() -> None:
+    """PrivateUse1 becomes ``torch.device("spmd")``, with ``torch.spmd`` as its device module and
+    the generated ``Tensor.spmd()``, ``Tensor.is_spmd``, ``Module.spmd()``."""
+    if torch._C._get_privateuse1_backend_name() != _BACKEND_NAME:
+        torch.utils.rename_privateuse1_backend(_BACKEND_NAME)
+    if getattr(torch, _BACKEND_NAME, None) is not device_module:
+        torch._register_device_module(_BACKEND_NAME, device_module)
+    if not hasattr(torch.Tensor, "is_" + _BACKEND_NAME):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+
+
+_register_backend()
 
 
 def device(index: int = 0) -> torch.device:
-    """The spmd device: ``privateuseone:0`` on torch 1.13, ``spmd:0`` on torch >= 2.1.
+    """The spmd device, ``torch.device("spmd", 0)``.
 
     In SPMD mode there is one logical device; the emulated devices of the mesh are behind it.
     """

@@ -5,7 +5,7 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <glog/logging.h>
+
 #include <torch/library.h>
 
 #include <memory>
@@ -309,6 +309,19 @@ void WrapFunctionalizeKernels(torch::Library& lib) {
   }
 }
 
+// Swallows c10 warnings while it lives: our deliberate kernel overrides would each print one.
+class QuietWarnings {
+ public:
+  QuietWarnings() : guard_(&handler_) {}
+
+ private:
+  struct Drop final : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  };
+  Drop handler_;
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
 std::unique_ptr<torch::Library>& CaptureLibrary() {
   static auto* lib = new std::unique_ptr<torch::Library>();
   return *lib;
@@ -355,15 +368,14 @@ void RegisterBackend() {
     auto view_lib = std::make_unique<torch::Library>(
         torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
     {
-      // Each override logs "Overriding a previously registered kernel" (glog): expected here.
-      int saved = FLAGS_minloglevel;
-      FLAGS_minloglevel = google::GLOG_ERROR;
+      // Each override warns "Overriding a previously registered kernel": expected here.
+      QuietWarnings quiet;
       WrapFunctionalizeKernels(*view_lib);
       view_lib->impl("_to_copy", TORCH_FN(ToCopyFunctionalize));
-      FLAGS_minloglevel = saved;
     }
     ViewLibrary() = std::move(view_lib);
     RegisterBatchedMatmul();
+    RegisterHooks();
   });
 }
 

@@ -8,6 +8,9 @@ namespace spmd::aten {
 // than `empty` + `add.out`, `as_strided`, ... Idempotent; called when torch_spmd is imported.
 void RegisterBackend();
 
+// Registers the PrivateUse1 hooks torch 2.x requires (hooks.cc). Called by RegisterBackend.
+void RegisterHooks();
+
 // Records torch.matmul of same-batch >= 3-D operands as one node (matmul_autograd.cc).
 void RegisterBatchedMatmul();
 

@@ -13,6 +13,8 @@
 //
 // M is the global number of elements per channel. Padding of uneven shards is zero-masked
 // (the batch and space factors are reductions), and deviations are re-masked before squaring.
+#include <algorithm>
+
 #include "partition/local_builder.h"
 #include "partition/rules/all_rules.h"
 #include "partition/rules/rule.h"
