@@ -11,6 +11,8 @@
   pickles xla tensors. Unlike xla's, the host value's storage is tagged with the spmd device's
   location, so ``torch.load(..., map_location="cpu")`` (or any map_location) applies to it.
 """
+import copy
+import functools
 import weakref
 
 import torch
@@ -60,10 +62,10 @@ def _spmd_repr(self, *, tensor_contents=None):
     return ts._add_suffixes(prefix + tensor_str, suffixes, indent, force_newline=False)
 
 
-_LOCATION = "privateuseone:0"
+_LOCATION = "spmd:0"
 # data_ptr -> host copy being pickled now (their storages are tagged _LOCATION by _spmd_tag).
 _saving = {}
-# data_ptrs of storages torch.load restored to _LOCATION (not remapped by map_location).
+# data_ptrs of storages that torch.load restored for the spmd device (see _load_to_device).
 _restored_for_device = set()
 
 
@@ -75,40 +77,82 @@ def _spmd_tag(storage):
 
 
 def _spmd_deserialize(storage, location):
-    if location.startswith("privateuseone"):
+    """Storages saved from the device (or mapped to it with ``map_location="spmd"``) stay host
+    storages while torch rebuilds the tensors over them; ``torch.load`` then moves those
+    tensors to the device. ``privateuseone`` is the location checkpoints of torch 1.13 carry."""
+    if location.startswith("spmd") or location.startswith("privateuseone"):
         _restored_for_device.add(storage.data_ptr())
         return storage
     return None
 
 
-def _rebuild_spmd_tensor(host, requires_grad):
-    ptr = host.data_ptr()
-    if ptr in _restored_for_device or host.numel() == 0:
-        _restored_for_device.discard(ptr)
-        from ._device import device
-        t = host.to(device())
-    else:
-        t = host  # map_location sent the storage elsewhere
-    t.requires_grad_(requires_grad)
-    return t
-
-
-def _rebuild_spmd_parameter(host, requires_grad):
-    return torch.nn.Parameter(_rebuild_spmd_tensor(host, False), requires_grad)
-
-
 def _spmd_reduce_ex(self, proto):
+    """Pickles an spmd tensor as the plain tensor record of its host value (rebuilt by torch's
+    own ``_rebuild_tensor_v2``, which ``weights_only`` loading allows) whose storage is tagged
+    with the device's location, as a CUDA tensor's is: ``map_location`` applies to it, and
+    without torch_spmd it loads with ``map_location="cpu"``."""
     if not is_spmd_tensor(self):
         return _orig_reduce_ex(self, proto)
     with torch.no_grad():
         host = self.cpu().clone()  # its own storage, offset 0: the storage is the tensor
+    host.requires_grad_(self.requires_grad)
+    reduced = _orig_reduce_ex(host, proto)
     if host.numel() > 0:
+        # The record holds the storage object the pickler tags later; the host tensor may be
+        # gone by then, so remember the storage.
+        storage = reduced[1][0]
         for ptr in [p for p, r in _saving.items() if r() is None]:
             del _saving[ptr]
-        _saving[host.data_ptr()] = weakref.ref(host)
-    if isinstance(self, torch.nn.Parameter):
-        return (_rebuild_spmd_parameter, (host, self.requires_grad))
-    return (_rebuild_spmd_tensor, (host, self.requires_grad))
+        _saving[host.data_ptr()] = weakref.ref(storage)
+    return reduced
+
+
+def _to_device_tree(obj, memo):
+    """The loaded object with every tensor over a storage restored for the device moved there
+    (Parameters stay Parameters, shared tensors stay shared)."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    result = obj
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and (obj.untyped_storage().data_ptr() in _restored_for_device
+                                         or (obj.numel() == 0 and _restored_for_device)):
+            from ._device import device
+            with torch.no_grad():
+                moved = obj.detach().to(device())
+            if isinstance(obj, torch.nn.Parameter):
+                result = torch.nn.Parameter(moved, obj.requires_grad)
+            else:
+                result = moved.requires_grad_(obj.requires_grad)
+    elif isinstance(obj, dict):
+        items = [(k, _to_device_tree(v, memo)) for k, v in obj.items()]
+        if any(v is not obj[k] for k, v in items):
+            result = copy.copy(obj)  # keeps the type and attributes (a state_dict's _metadata)
+            for k, v in items:
+                result[k] = v
+    elif isinstance(obj, (list, tuple)):
+        items = [_to_device_tree(v, memo) for v in obj]
+        if any(a is not b for a, b in zip(items, obj)):
+            if hasattr(obj, "_fields"):  # a namedtuple
+                result = type(obj)(*items)
+            else:
+                result = type(obj)(items)
+    memo[id(obj)] = result
+    return result
+
+
+_orig_load = torch.load
+
+
+@functools.wraps(_orig_load)
+def _load_to_device(*args, **kwargs):
+    _restored_for_device.clear()
+    try:
+        loaded = _orig_load(*args, **kwargs)
+        if _restored_for_device:
+            loaded = _to_device_tree(loaded, {})
+        return loaded
+    finally:
+        _restored_for_device.clear()
 
 
 def _spmd_deepcopy(self, memo):
@@ -169,4 +213,5 @@ def install():
     torch.serialization.register_package(5, _spmd_tag, _spmd_deserialize)
     torch.Tensor.__repr__ = _spmd_repr
     torch.Tensor.__reduce_ex__ = _spmd_reduce_ex
+    torch.load = _load_to_device
     torch.Tensor.__deepcopy__ = _spmd_deepcopy

@@ -162,15 +162,15 @@ def test_copy_between_host_and_device():
 # ---- printing, item(), autograd attributes ----------------------------------------------------
 
 @pytest.mark.parametrize("make,expected", [
-    (lambda: torch.tensor([1.0, 2.5]), "tensor([1.0000, 2.5000], device='privateuseone:0')"),
-    (lambda: torch.tensor([1, 2]), "tensor([1, 2], device='privateuseone:0')"),
+    (lambda: torch.tensor([1.0, 2.5]), "tensor([1.0000, 2.5000], device='spmd:0')"),
+    (lambda: torch.tensor([1, 2]), "tensor([1, 2], device='spmd:0')"),
     (lambda: torch.tensor([1.0, 2.0], dtype=torch.float64),
-     "tensor([1., 2.], device='privateuseone:0', dtype=torch.float64)"),
-    (lambda: torch.tensor(3.5), "tensor(3.5000, device='privateuseone:0')"),
-    (lambda: torch.zeros(0, 3), "tensor([], device='privateuseone:0', size=(0, 3))"),
+     "tensor([1., 2.], device='spmd:0', dtype=torch.float64)"),
+    (lambda: torch.tensor(3.5), "tensor(3.5000, device='spmd:0')"),
+    (lambda: torch.zeros(0, 3), "tensor([], device='spmd:0', size=(0, 3))"),
     (lambda: torch.ones(2, 2, dtype=torch.int32),
-     "tensor([[1, 1],\n        [1, 1]], device='privateuseone:0', dtype=torch.int32)"),
-    (lambda: torch.tensor([True, False]), "tensor([ True, False], device='privateuseone:0')"),
+     "tensor([[1, 1],\n        [1, 1]], device='spmd:0', dtype=torch.int32)"),
+    (lambda: torch.tensor([True, False]), "tensor([ True, False], device='spmd:0')"),
 ])
 def test_repr_like_other_devices(make, expected):
     t = make().to(DEV)
@@ -182,14 +182,14 @@ def test_repr_like_other_devices(make, expected):
 
 def test_repr_autograd_suffixes_and_views():
     w = torch.tensor([1.0, 2.0]).to(DEV).requires_grad_()
-    assert repr(w) == "tensor([1., 2.], device='privateuseone:0', requires_grad=True)"
-    assert repr(w * 2) == "tensor([2., 4.], device='privateuseone:0', grad_fn=<MulBackward0>)"
+    assert repr(w) == "tensor([1., 2.], device='spmd:0', requires_grad=True)"
+    assert repr(w * 2) == "tensor([2., 4.], device='spmd:0', grad_fn=<MulBackward0>)"
     p = nn.Parameter(torch.zeros(2).to(DEV))
-    assert repr(p) == "Parameter containing:\ntensor([0., 0.], device='privateuseone:0', requires_grad=True)"
+    assert repr(p) == "Parameter containing:\ntensor([0., 0.], device='spmd:0', requires_grad=True)"
     b = torch.arange(6.0).view(2, 3).to(DEV)
     v = b[:, 1]
     b.mul_(10)                          # printing a view of a mutated base
-    assert repr(v) == "tensor([10., 40.], device='privateuseone:0')"
+    assert repr(v) == "tensor([10., 40.], device='spmd:0')"
     assert f"{b.sum():.1f}" == "150.0"  # __format__ of a 0-dim tensor
 
 
