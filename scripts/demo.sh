@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# From a bare Debian 12 machine: installs the dependencies, builds torch_spmd and runs the demo
+# From a bare Debian machine: installs the dependencies, builds torch_spmd and runs the demo
 # (a small model trained on the spmd device, its losses printed next to CPU eager's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+source scripts/env.sh
 scripts/build.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-/usr/bin/python3 examples/demo.py "$@"
+"$PYTHON" examples/demo.py "$@"

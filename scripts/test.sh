@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+source scripts/env.sh
 scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
 (cd "$BUILD_DIR" && ctest --output-on-failure)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-/usr/bin/python3 -m pytest -q test/python "$@"
+"$PYTHON" -m pytest -q test/python "$@"

@@ -175,7 +175,7 @@ def _spmd_deepcopy(self, memo):
 _orig_apply = torch.nn.Module._apply
 
 
-def _apply_keeping_ties(self, fn):
+def _apply_keeping_ties(self, fn, recurse=True):
     """Module._apply that keeps parameters shared between modules shared (see module doc)."""
     slots = {}  # id(original parameter) -> [(module, name), ...]
     originals = {}
@@ -186,7 +186,7 @@ def _apply_keeping_ties(self, fn):
                 originals[id(p)] = p  # keep the objects alive: ids stay unique meanwhile
     shared = {key: places for key, places in slots.items() if len(places) > 1}
     if not shared:
-        return _orig_apply(self, fn)
+        return _orig_apply(self, fn, recurse)
     # Convert each shared parameter once: later slots see the first slot's result.
     memo = {}
 
@@ -197,7 +197,7 @@ def _apply_keeping_ties(self, fn):
             return memo[id(t)]
         return fn(t)
 
-    result = _orig_apply(self, convert_once)
+    result = _orig_apply(self, convert_once, recurse)
     for key, places in shared.items():
         first_module, first_name = places[0]
         tied = first_module._parameters[first_name]

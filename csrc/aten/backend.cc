@@ -18,6 +18,7 @@
 #include "aten/lazy_tensor.h"
 #include "aten/recorder.h"
 #include "aten/sharding_api.h"
+#include "partition/rules/rule.h"
 #include "runtime/device_data.h"
 
 namespace spmd::aten {
@@ -114,7 +115,11 @@ at::Tensor ToCopyFunctionalize(const at::Tensor& self, c10::optional<at::ScalarT
 //    an spmd out= tensor. Fix: check devices first and raise PyTorch's usual device-mismatch
 //    error; copy_ between the host and the device stays legal in both directions.
 // We wrap the Functionalize kernels of those ops (views, in-place and out= ops, detach).
-enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kDetach, kOut };
+// 5. (torch 2.x) List ops that update tensors in place and return nothing (`_foreach_add_`,
+//    `_fused_adam_`: what optimizers run by default on an accelerator) mutate each list element
+//    like an in-place op: the user's sharding stays with each tensor and the queued updates are
+//    applied, as for single-tensor in-place ops (see kInplace below).
+enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kInplaceList, kDetach, kOut };
 
 // For mutating ops: raises the usual device-mismatch error when spmd tensors (functional) and
 // host tensors (other than 0-dim ones, which are allowed next to device tensors as with CUDA)
@@ -161,6 +166,39 @@ std::unordered_map<const c10::FunctionSchema*, WrappedKernel>& WrappedKernels() 
   return *kernels;
 }
 
+// Applies the updates queued on a functional tensor's storage now. Parameters are views
+// (nn.Parameter detaches the tensor it wraps) whose base nobody reads, so their updates would
+// queue up forever, each pinning a device buffer. The same scatters are recorded either way.
+void ApplyQueuedUpdates(const at::Tensor& t) {
+  if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+          t.storage().unsafeGetStorageImpl()))
+    storage->apply_updates();
+}
+
+// kInplaceList: runs the functionalization kernel, then keeps every written list element's
+// sharding annotation and applies its queued update.
+void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                        torch::jit::Stack* stack, const c10::KernelFunction& original) {
+  namespace F = at::functionalization::impl;
+  const auto& args = op.schema().arguments();
+  size_t first = stack->size() - args.size();
+  std::vector<std::pair<at::Tensor, SlotPtr>> written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (!args[i].alias_info() || !args[i].alias_info()->isWrite() || !v.isTensorList()) continue;
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (!t.defined() || !F::isFunctionalTensor(t)) continue;
+      LazyImpl* impl = TryGetLazyImpl(t);
+      written.emplace_back(t, impl ? impl->slot() : nullptr);
+    }
+  }
+  original.callBoxed(op, ks, stack);
+  for (const auto& [t, previous] : written) {
+    CarryAnnotation(previous, t);
+    ApplyQueuedUpdates(t);
+  }
+}
+
 void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                                 torch::jit::Stack* stack) {
   namespace F = at::functionalization::impl;
@@ -168,7 +206,8 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
   size_t num_args = op.schema().arguments().size();
   const c10::IValue& first = (*stack)[stack->size() - num_args];
   at::Tensor self = first.isTensor() ? first.toTensor() : at::Tensor();
-  bool mutating = k.kind == FixKind::kInplace || k.kind == FixKind::kOut;
+  bool mutating =
+      k.kind == FixKind::kInplace || k.kind == FixKind::kInplaceList || k.kind == FixKind::kOut;
   if (!mutating && (!self.defined() || !F::isFunctionalTensor(self)))
     return k.original.callBoxed(op, ks, stack);
 
@@ -189,6 +228,10 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
       return;
     }
     return k.original.callBoxed(op, ks, stack);
+  }
+  if (k.kind == FixKind::kInplaceList) {
+    CheckMutationDevices(op, *stack, num_args);  // (copy_ is not a list op)
+    return UpdateListsInPlace(op, ks, stack, k.original);
   }
   if (k.kind == FixKind::kInplace || k.kind == FixKind::kOut) {
     if (CheckMutationDevices(op, *stack, num_args)) {
@@ -211,13 +254,8 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
     k.original.callBoxed(op, ks, stack);
     CarryAnnotation(previous, self);  // the user's sharding stays with the tensor
     // The write was queued on the shared storage as an update that only a later sync of an
-    // alias applies. Parameters are views (nn.Parameter detaches the tensor it wraps) whose
-    // base nobody reads, so their updates queued up forever, each pinning a device buffer
-    // (26 per Adam step of a 2-layer MLP). Apply them now: the same scatters are recorded
-    // either way.
-    if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
-            self.storage().unsafeGetStorageImpl()))
-      storage->apply_updates();
+    // alias applies (26 buffers pinned per Adam step of a 2-layer MLP otherwise).
+    ApplyQueuedUpdates(self);
     // replace_() took the new value's metadata. The wrapper reports its value's sizes and
     // strides (custom sizes/strides policy), so restore self's strides on the value, and the
     // storage offset on both. (The new value may claim any layout: copy_ becomes
@@ -286,6 +324,10 @@ c10::optional<FixKind> ClassifyForFix(const c10::OperatorName& name,
   if (reshaping->count(name.name)) return c10::nullopt;
   // An in-place op: self is written and returned.
   if (name.name.back() == '_' && schema.returns().size() == 1) return FixKind::kInplace;
+  // An in-place list op: the lists are written, nothing is returned.
+  if (schema.returns().empty() &&
+      schema.arguments()[0].type()->kind() == c10::TypeKind::ListType)
+    return FixKind::kInplaceList;
   return c10::nullopt;
 }
 
@@ -321,6 +363,13 @@ class QuietWarnings {
   Drop handler_;
   c10::WarningUtils::WarningHandlerGuard guard_;
 };
+
+bool HasScalarListArg(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& a : schema.arguments())
+    if (auto list = a.type()->cast<c10::ListType>())
+      if (list->getElementType()->kind() == c10::TypeKind::NumberType) return true;
+  return false;
+}
 
 std::unique_ptr<torch::Library>& CaptureLibrary() {
   static auto* lib = new std::unique_ptr<torch::Library>();
@@ -360,6 +409,14 @@ void RegisterBackend() {
       if (name.name == "aten::detach") continue;
       std::string short_name = name.name.substr(6);
       if (!name.overload_name.empty()) short_name += "." + name.overload_name;
+      // Some list ops decompose into per-tensor ops (their composite kernels loop) instead of
+      // being recorded as one node: those without a sharding rule (_foreach_norm, ...), which
+      // would run replicated, and those taking a Scalar[] (an optimizer's per-parameter step
+      // sizes, new every step), whose per-tensor ops take each scalar as a run-time value, so
+      // that steps do not recompile.
+      if (name.name.rfind("aten::_foreach_", 0) == 0 &&
+          (!partition::HasRuleFor("aten::" + short_name) || HasScalarListArg(op->schema())))
+        continue;
       lib->impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&LazyFallback>());
       ++g_num_captured;
     }

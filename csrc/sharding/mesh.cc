@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "absl/strings/str_join.h"
+#include "core/str_join.h"
 #include "core/error.h"
 
 namespace spmd {
@@ -31,7 +31,7 @@ std::string PyRepr(int64_t v) { return std::to_string(v); }
 
 template <typename T>
 std::string JoinRepr(const std::vector<T>& items) {
-  return absl::StrJoin(items, ", ", [](std::string* out, const T& item) { *out += PyRepr(item); });
+  return StrJoin(items, ", ", [](std::string* out, const T& item) { *out += PyRepr(item); });
 }
 
 template <typename T>

@@ -5,7 +5,7 @@
 #include <string_view>
 #include <utility>
 
-#include "absl/strings/str_join.h"
+#include "core/str_join.h"
 #include "core/error.h"
 #include "sharding/tiling.h"
 
@@ -28,7 +28,7 @@ void CheckRank(int64_t rank) {
 }
 
 std::string Labels(const Mesh& mesh, const AxisList& axes) {
-  return absl::StrJoin(axes, ",",
+  return StrJoin(axes, ",",
                        [&mesh](std::string* out, int axis) { *out += mesh.AxisLabel(axis); });
 }
 
@@ -259,7 +259,7 @@ std::string Sharding::ToNamedString() const {
   if (manual_) return "{manual}";
   std::vector<std::string> dims;
   for (const AxisList& axes : dim_axes_) dims.push_back("{" + Labels(*mesh_, axes) + "}");
-  std::string text = "[" + absl::StrJoin(dims, ", ") + "]";
+  std::string text = "[" + StrJoin(dims, ", ") + "]";
   if (IsPartial())
     text += StrCat(" partial=", ReduceOpName(partial_op_), "{", Labels(*mesh_, partial_axes_), "}");
   return text;
@@ -295,7 +295,7 @@ TileAssignment TileAssignment::Parse(const std::string& text) {
 std::string TileAssignment::ToString() const {
   if (replicated) return "{replicated}";
   if (manual) return "{manual}";
-  return StrCat("{devices=[", absl::StrJoin(dims, ","), "]", absl::StrJoin(devices, ","),
+  return StrCat("{devices=[", StrJoin(dims, ","), "]", StrJoin(devices, ","),
                 last_tile_dim_replicate ? " last_tile_dim_replicate" : "", "}");
 }
 

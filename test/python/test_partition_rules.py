@@ -698,6 +698,14 @@ OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, amsgrad=True),
     "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5),
     "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1),
+    # torch 2.x paths: the foreach (_foreach_*) kernels are the default on the spmd device;
+    # the per-tensor loop, the fused kernels and capturable (step counts on the device) too.
+    "adam_loop": lambda ps: torch.optim.Adam(ps, lr=0.01, foreach=False),
+    "adam_fused": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.01, fused=True),
+    "adamw_fused": lambda ps: torch.optim.AdamW(ps, lr=0.01, amsgrad=True, fused=True),
+    "adam_capturable": lambda ps: torch.optim.Adam(ps, lr=0.01, capturable=True),
+    "sgd_fused": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+    "adagrad_fused": lambda ps: torch.optim.Adagrad(ps, lr=0.1, fused=True),
 }
 PARAM_SPECS = {
     (8,): [("x", None), ("x",), (None, "x"), None],
@@ -815,7 +823,9 @@ def test_megatron_bias_dynamic_optimizer_scalars_recompile_free():
         assert_same(p.detach().cpu(), q.detach(), "param")
 
 
-@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw", "rmsprop", "adagrad"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw", "rmsprop", "adagrad",
+                                  "adam_loop", "adam_fused", "adamw_fused", "adam_capturable",
+                                  "sgd_fused", "adagrad_fused"])
 @pytest.mark.parametrize("mesh_shape,spec", [((8,), ("x", None)), ((4, 2), ("model", "data")),
                                              ((2, 2, 2), (("a", "c"), None))])
 def test_optimizer_update_is_local(name, mesh_shape, spec):

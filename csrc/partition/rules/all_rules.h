@@ -11,5 +11,6 @@ void RegisterBatchNormRules();
 void RegisterIndexRules();
 void RegisterConvRules();  // conv.cc
 void RegisterPoolRules();  // pool.cc
+void RegisterForeachRules();  // foreach.cc
 void RegisterAllRules();  // calls all of the above once
 }  // namespace spmd::partition

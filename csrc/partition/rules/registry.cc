@@ -11,6 +11,12 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::unordered_map<std::string, RuleBuilder> rules;
+  struct PrefixRule {
+    std::string prefix;
+    RuleBuilder builder;
+    std::vector<std::string> exclude;
+  };
+  std::vector<PrefixRule> prefix_rules;
 };
 Registry& GetRegistry() {
   static auto* r = new Registry();
@@ -28,13 +34,30 @@ void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& 
   for (const auto& name : op_names) RegisterRule(name, builder);
 }
 
+void RegisterRulePrefix(const std::string& prefix, RuleBuilder builder,
+                        std::vector<std::string> exclude) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.prefix_rules.push_back({prefix, std::move(builder), std::move(exclude)});
+}
+
 namespace {
+// Caller holds r.mu.
+const RuleBuilder* FindLocked(Registry& r, const std::string& qualified, const std::string& name) {
+  auto it = r.rules.find(qualified);
+  if (it == r.rules.end()) it = r.rules.find(name);
+  if (it != r.rules.end()) return &it->second;
+  for (const Registry::PrefixRule& p : r.prefix_rules)
+    if (name.compare(0, p.prefix.size(), p.prefix) == 0 &&
+        std::find(p.exclude.begin(), p.exclude.end(), name) == p.exclude.end())
+      return &p.builder;
+  return nullptr;
+}
+
 const RuleBuilder* FindBuilder(const ir::OpInfo& op) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.rules.find(op.qualified);
-  if (it == r.rules.end()) it = r.rules.find(op.name);
-  return it == r.rules.end() ? nullptr : &it->second;
+  return FindLocked(r, op.qualified, op.name);
 }
 }  // namespace
 
@@ -50,6 +73,7 @@ void RegisterAllRules() {
     RegisterIndexRules();
     RegisterConvRules();
     RegisterPoolRules();
+    RegisterForeachRules();
   });
 }
 
@@ -64,8 +88,7 @@ bool HasRuleFor(const std::string& qualified_name) {
   RegisterAllRules();
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.rules.count(qualified_name)) return true;
-  return r.rules.count(qualified_name.substr(0, qualified_name.find('.'))) > 0;
+  return FindLocked(r, qualified_name, qualified_name.substr(0, qualified_name.find('.'))) != nullptr;
 }
 
 RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {

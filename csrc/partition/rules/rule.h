@@ -102,6 +102,10 @@ using RuleBuilder = std::function<std::optional<ShardingRule>(const ir::Node& no
 // ("aten::add", matching every overload without a more specific rule).
 void RegisterRule(const std::string& op_name, RuleBuilder builder);
 void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& builder);
+// Registers `builder` for every op whose name starts with `prefix` and that has no rule of its
+// own (a family such as "aten::_foreach_"), except the base names in `exclude`.
+void RegisterRulePrefix(const std::string& prefix, RuleBuilder builder,
+                        std::vector<std::string> exclude = {});
 std::optional<ShardingRule> GetRule(const ir::Node& node);
 bool HasRuleFor(const std::string& qualified_name);
 

@@ -1,0 +1,62 @@
+// Ops pointwise over lists of tensors: torch 2.x optimizers' `_foreach_*` kernels (the default
+// on accelerators) and the `_fused_*` optimizer steps. Element i of every list argument and of
+// every result list is one pointwise op of its own: result i's dims are pass-through factors,
+// list elements i broadcast onto them, and a lone tensor argument (a learning rate or step
+// held as a tensor, a grad scale) is read whole by every element, so it stays replicated.
+// Sharded parameters, gradients and optimizer state therefore update locally, as with the
+// per-tensor ops a for-loop optimizer records.
+//
+// Ops of the family that are not elementwise per list element (`_foreach_norm`, `_foreach_max`,
+// `_foreach_powsum`: a 0-dim result per tensor; `_foreach_mm`) get no rule, and the recorder
+// lets them decompose into per-tensor ops, which have rules of their own.
+#include "partition/rules/all_rules.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+std::optional<ShardingRule> ListPointwise(const ir::Node& node) {
+  // The list length N: the longest tensor-list argument.
+  size_t n = 0;
+  for (const ir::Arg& a : node.args())
+    if (a.kind == ir::Arg::Kind::kTensorList) n = std::max(n, a.ints.size());
+  if (n == 0 || node.num_outputs() % n != 0) return std::nullopt;
+
+  ShardingRule rule;
+  std::vector<TensorFactors> element(n);
+  for (size_t i = 0; i < n; ++i) element[i] = PassThroughFactors(rule, node.output(i));
+  // Result lists come one after another: result r is element r % n of its list.
+  for (int r = 0; r < node.num_outputs(); ++r) {
+    const TensorType& ref = node.output(r % n);
+    if (node.output(r).shape != ref.shape) return std::nullopt;
+    rule.results.push_back(element[r % n]);
+  }
+  rule.operands.assign(node.inputs().size(), {});
+  for (int in = 0; in < static_cast<int>(node.inputs().size()); ++in)
+    rule.operands[in] = TensorFactors(node.inputs()[in].type().rank());  // replicated
+  for (const ir::Arg& a : node.args()) {
+    if (a.kind != ir::Arg::Kind::kTensorList || a.ints.size() != n) continue;
+    for (size_t i = 0; i < n; ++i) {
+      const TensorType& t = node.inputs()[a.ints[i]].type();
+      // An element larger than its result would be a reduction: not a pointwise list op.
+      if (t.rank() > node.output(i).rank()) return std::nullopt;
+      rule.operands[a.ints[i]] = BroadcastFactors(t, node.output(i), element[i]);
+    }
+  }
+  return rule;
+}
+
+}  // namespace
+
+void RegisterForeachRules() {
+  RegisterRulePrefix("aten::_foreach_", ListPointwise,
+                     {"aten::_foreach_norm", "aten::_foreach_max", "aten::_foreach_powsum",
+                      "aten::_foreach_mm"});
+  RegisterRules({"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sgd",
+                 "aten::_fused_adagrad", "aten::_fused_adam_", "aten::_fused_adamw_",
+                 "aten::_fused_sgd_", "aten::_fused_adagrad_"},
+                ListPointwise);
+}
+
+}  // namespace spmd::partition

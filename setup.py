@@ -1,0 +1,73 @@
+"""Builds torch_spmd's C++ core with CMake against the torch of the interpreter running pip.
+
+    pip install --no-build-isolation .        # or: pip install --no-build-isolation -e .
+
+``--no-build-isolation`` matters: torch_spmd compiles against the torch you already have
+(its headers and libraries), and an isolated build environment would download another torch
+(a CUDA build is several GB). Needs a C++20 compiler, CMake >= 3.18, ninja (or make) and
+pybind11 in that environment.
+"""
+import os
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        sys.exit("torch_spmd builds against an installed torch (>= 2.6), and none is importable "
+                 "here. Install torch first, then run pip with --no-build-isolation so that the "
+                 "build sees it: pip install --no-build-isolation .")
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 6):
+        sys.exit(f"torch_spmd needs torch >= 2.6, found {torch.__version__}")
+    return torch
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        torch = _torch()
+        out_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
+        build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+        os.makedirs(build_dir, exist_ok=True)
+        prefix = [torch.utils.cmake_prefix_path]
+        try:
+            import pybind11
+            prefix.append(pybind11.get_cmake_dir())
+        except ImportError:  # a system pybind11 (Debian's pybind11-dev) is found by CMake
+            pass
+        generator = ["-G", "Ninja"] if _has("ninja") else []
+        subprocess.check_call(
+            ["cmake", "-S", os.path.dirname(os.path.abspath(__file__)), "-B", build_dir,
+             *generator, "-DCMAKE_BUILD_TYPE=Release", "-DSPMD_BUILD_TESTS=OFF",
+             f"-DPython3_EXECUTABLE={sys.executable}", f"-DCMAKE_PREFIX_PATH={';'.join(prefix)}",
+             f"-DSPMD_PY_OUTPUT_DIR={out_dir}"])
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j", jobs])
+
+
+def _has(tool):
+    from shutil import which
+    return which(tool) is not None
+
+
+setup(
+    name="torch_spmd",
+    version="0.2.0",
+    description="GSPMD-style automatic parallelization for PyTorch on an emulated device mesh",
+    packages=find_packages(include=["torch_spmd", "torch_spmd.*"]),
+    ext_modules=[CMakeExtension("torch_spmd._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.9",
+    install_requires=["numpy"],
+    zip_safe=False,
+)
