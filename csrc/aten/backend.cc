@@ -11,11 +11,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "aten/lazy_tensor.h"
+#include "aten/op_plan.h"
 #include "aten/recorder.h"
 #include "aten/sharding_api.h"
 #include "partition/rules/rule.h"
@@ -84,42 +84,30 @@ at::Tensor ToCopyFunctionalize(const at::Tensor& self, c10::optional<at::ScalarT
   return F::to_functional_tensor(out);
 }
 
-// Functionalization on torch 1.13 has four problems that reach spmd users. The first two are
-// about view *metadata*, which matters because autograd treats PrivateUse1 as supporting
-// as_strided: CopySlices (the backward of an in-place write through a view, e.g. a[:, 0] = 7
-// or a[1:3, ::2] += x) replays the view on the base as
-// as_strided(view.sizes(), view.strides(), view.storage_offset() - base offset).
-// 1. Its view kernels compute a new view's strides and storage offset on a meta copy of the
-//    input made by to_meta(), which drops the input's storage offset: every view's offset ends
-//    up relative to its immediate parent (b[1][2:] has offset 2, 6 on CPU; b[1:3, ::2] has 0).
-//    Fix: add the input's offset back (views are affine in it; as_strided takes an absolute
-//    offset and dtype views rescale it, so those are left alone).
-// 2. Its in-place kernels run the out-of-place op and replace_() the wrapper's value with the
-//    result, taking the result's metadata (a wrapper reports its value's sizes and strides):
-//    after v = b[1, 1:]; v.fill_(7), v has the result's strides and offset 0. Fix: an in-place
-//    op never changes its self's layout, so restore it. (View values themselves carry the
-//    view's strides: see ApplyViewLayout in recorder.cc.)
-//    1 and 2 sent the gradients of in-place writes through views to the wrong elements.
-// 3. detach() of a view returns a shallow copy of the view wrapper, and 1.13's
-//    FunctionalTensorWrapper::shallow_copy_and_detach keeps the shared storage but drops the
-//    view's ViewMetas and generation: once the base has been mutated, the copy "regenerates"
-//    to the whole base (v = b[1]; v.mul_(2); v.detach() holds b's values, shaped like b).
-//    LTC's 'lazy' device shows the same bug. Fix: a detached view becomes a new root holding
-//    the view's current value; it no longer aliases the base (in-place writes to a detached
-//    *view* do not reach the base), while detached roots keep aliasing, which zero_grad and
-//    clip_grad_norm_ rely on. (Tensor.data of a view cannot be fixed here: it shallow-copies
-//    without dispatching.)
-// 4. Its mutating kernels (in-place and out=) assert "mutating a non-functional tensor with a
+// Functionalization (torch 2.6 to 2.13) has three problems that reach spmd users; we wrap the
+// Functionalize kernels of the ops concerned.
+// 1. (kDetach) detach() of a view returns a shallow copy of the view wrapper that keeps the
+//    shared storage but not the view's place in it: once the base has been mutated, the copy
+//    "regenerates" from the base and pins superseded buffers (steady training memory grows).
+//    Fix: a detached view becomes a new root holding the view's current value; it no longer
+//    aliases the base (in-place writes to a detached *view* do not reach the base), while
+//    detached roots keep aliasing, which zero_grad and clip_grad_norm_ rely on.
+// 2. (kInplace, kOut) Its mutating kernels assert "mutating a non-functional tensor with a
 //    functional tensor is not allowed" (an INTERNAL ASSERT asking users to report a PyTorch
-//    bug) when a host tensor meets an spmd tensor, and accept a host computation written into
-//    an spmd out= tensor. Fix: check devices first and raise PyTorch's usual device-mismatch
-//    error; copy_ between the host and the device stays legal in both directions.
-// We wrap the Functionalize kernels of those ops (views, in-place and out= ops, detach).
-// 5. (torch 2.x) List ops that update tensors in place and return nothing (`_foreach_add_`,
-//    `_fused_adam_`: what optimizers run by default on an accelerator) mutate each list element
-//    like an in-place op: the user's sharding stays with each tensor and the queued updates are
-//    applied, as for single-tensor in-place ops (see kInplace below).
-enum class FixKind : uint8_t { kView, kInplaceView, kInplace, kInplaceList, kDetach, kOut };
+//    bug) when a host tensor meets an spmd tensor. Fix: check devices first and raise
+//    PyTorch's usual device-mismatch error; copy_ between the host and the device stays legal
+//    in both directions.
+// 3. (kInplace, kInplaceList) An in-place write replaces the tensor's value: the user's
+//    sharding annotation must move to the new value, and the write is queued on the shared
+//    storage as an update that only a later sync of an alias applies. Parameters are views
+//    (nn.Parameter detaches the tensor it wraps) whose base nobody reads, so their updates
+//    would queue up forever, each pinning a device buffer. Fix: carry the annotation, apply
+//    the update at once. List ops (`_foreach_add_`, `_fused_adam_`: what optimizers run by
+//    default on an accelerator) need the same per element, and are functionalized here (see
+//    UpdateListsInPlace).
+// (torch 1.13 needed two more fixes, for the storage offsets of views and of in-place results;
+// torch 2.6 computes those right.)
+enum class FixKind : uint8_t { kInplace, kInplaceList, kDetach, kOut };
 
 // For mutating ops: raises the usual device-mismatch error when spmd tensors (functional) and
 // host tensors (other than 0-dim ones, which are allowed next to device tensors as with CUDA)
@@ -175,31 +163,93 @@ void ApplyQueuedUpdates(const at::Tensor& t) {
     storage->apply_updates();
 }
 
-// kInplaceList: runs the functionalization kernel, then keeps every written list element's
-// sharding annotation and applies its queued update.
+// kInplaceList. torch's generated functionalization kernels for these ops refuse a call in
+// which one written list is empty and another holds device tensors ("mutating a non-functional
+// tensor with a functional tensor", an internal assert): Adam's max_exp_avg_sqs without
+// amsgrad, SGD's first momentum buffers. So these ops are functionalized here, the same way for
+// all of them: sync and unwrap every argument, run the functional variant (`X` for `X_`, which
+// returns the new value of each written list, in order) below functionalization, and commit
+// each result to its list element. Each element keeps its sharding annotation and has its
+// queued updates applied, as single-tensor in-place ops do.
 void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                         torch::jit::Stack* stack, const c10::KernelFunction& original) {
   namespace F = at::functionalization::impl;
-  const auto& args = op.schema().arguments();
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& args = schema.arguments();
   size_t first = stack->size() - args.size();
-  std::vector<std::pair<at::Tensor, SlotPtr>> written;
+  bool any_functional = false;
+  for (size_t i = first; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) any_functional |= F::isFunctionalTensor(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) any_functional |= F::isFunctionalTensor(t);
+  }
+  static auto* functional_ops =
+      new std::unordered_map<const c10::FunctionSchema*, c10::optional<c10::OperatorHandle>>();
+  static std::mutex mu;
+  c10::optional<c10::OperatorHandle> functional;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = functional_ops->find(&schema);
+    if (it == functional_ops->end()) {
+      std::string name = schema.name();
+      it = functional_ops
+               ->emplace(&schema, name.back() == '_'
+                                      ? c10::Dispatcher::singleton().findSchema(
+                                            {name.substr(0, name.size() - 1),
+                                             schema.overload_name()})
+                                      : c10::nullopt)
+               .first;
+    }
+    functional = it->second;
+  }
+  if (!any_functional || !functional) return original.callBoxed(op, ks, stack);
+
+  std::vector<std::pair<at::Tensor, SlotPtr>> written;  // every written element, in order
+  torch::jit::Stack call;
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = (*stack)[first + i];
-    if (!args[i].alias_info() || !args[i].alias_info()->isWrite() || !v.isTensorList()) continue;
-    for (const at::Tensor& t : v.toTensorList()) {
-      if (!t.defined() || !F::isFunctionalTensor(t)) continue;
-      LazyImpl* impl = TryGetLazyImpl(t);
-      written.emplace_back(t, impl ? impl->slot() : nullptr);
+    bool writes = args[i].alias_info() && args[i].alias_info()->isWrite();
+    auto unwrap = [&](const at::Tensor& t) {
+      if (!t.defined() || !F::isFunctionalTensor(t)) return t;
+      F::sync(t);
+      if (writes) {
+        LazyImpl* impl = TryGetLazyImpl(t);
+        written.emplace_back(t, impl ? impl->slot() : nullptr);
+      }
+      return F::from_functional_tensor(t);
+    };
+    if (v.isTensor()) {
+      call.push_back(unwrap(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(unwrap(t));
+      call.push_back(list);
+    } else {
+      call.push_back(v);
     }
   }
-  original.callBoxed(op, ks, stack);
-  for (const auto& [t, previous] : written) {
+  {
+    at::AutoDispatchSkipFunctionalize guard;
+    functional->callBoxed(&call);
+  }
+  std::vector<at::Tensor> results;
+  for (const c10::IValue& v : call)
+    for (const at::Tensor& t : v.toTensorList()) results.push_back(t);
+  TORCH_CHECK(results.size() == written.size(), schema.name(), ": its functional variant returned ",
+              results.size(), " tensors for ", written.size(), " written ones");
+  for (size_t i = 0; i < written.size(); ++i) {
+    const auto& [t, previous] = written[i];
+    F::replace_(t, results[i]);
+    F::commit_update(t);
+    F::sync(t);
     CarryAnnotation(previous, t);
     ApplyQueuedUpdates(t);
   }
+  torch::jit::drop(*stack, args.size());
 }
 
-void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                                 torch::jit::Stack* stack) {
   namespace F = at::functionalization::impl;
   const WrappedKernel& k = WrappedKernels().at(&op.schema());
@@ -246,52 +296,12 @@ void FunctionalizeKeepingLayout(const c10::OperatorHandle& op, c10::DispatchKeyS
   }
   if (k.kind == FixKind::kOut || !self.defined() || !F::isFunctionalTensor(self))
     return k.original.callBoxed(op, ks, stack);
-  if (k.kind == FixKind::kInplace) {
-    std::vector<int64_t> sizes = self.sizes().vec(), strides = self.strides().vec();
-    int64_t offset = self.storage_offset();
-    LazyImpl* before = TryGetLazyImpl(self);
-    SlotPtr previous = before ? before->slot() : nullptr;
-    k.original.callBoxed(op, ks, stack);
-    CarryAnnotation(previous, self);  // the user's sharding stays with the tensor
-    // The write was queued on the shared storage as an update that only a later sync of an
-    // alias applies (26 buffers pinned per Adam step of a 2-layer MLP otherwise).
-    ApplyQueuedUpdates(self);
-    // replace_() took the new value's metadata. The wrapper reports its value's sizes and
-    // strides (custom sizes/strides policy), so restore self's strides on the value, and the
-    // storage offset on both. (The new value may claim any layout: copy_ becomes
-    // expand_copy(src, self.sizes()), whose value says stride 0.)
-    auto* value = dynamic_cast<LazyImpl*>(F::from_functional_tensor(self).unsafeGetTensorImpl());
-    if (!value || value->sizes() != c10::IntArrayRef(sizes)) return;
-    if (value->strides() != c10::IntArrayRef(strides)) value->set_sizes_and_strides(sizes, strides);
-    if (value->storage_offset() != offset) value->set_storage_offset(offset);
-    if (self.storage_offset() != offset) self.unsafeGetTensorImpl()->set_storage_offset(offset);
-    return;
-  }
-  int64_t offset = self.storage_offset();
-  std::string input = runtime::TypeOf(self).ToString();
-  try {
-    k.original.callBoxed(op, ks, stack);
-  } catch (const std::exception& e) {
-    // A view's output shape is inferred here (by a meta kernel, some written in Python), before
-    // the recorder sees the op: name the op and its input like the recorder does. c10 error
-    // subclasses such as IndexError keep their type.
-    auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    if (c10_error && typeid(e) != typeid(c10::Error)) throw;
-    ClearPendingPythonError(e);
-    TORCH_CHECK(false, op.schema().name(), ": cannot infer the output shape for input (self=",
-                input, "): ", c10_error ? c10_error->what_without_backtrace() : e.what());
-  }
-  if (offset == 0) return;
-  auto shift = [offset](const at::Tensor& t) {
-    if (t.defined() && F::isFunctionalTensor(t))
-      t.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset() + offset);
-  };
-  if (k.kind == FixKind::kInplaceView) return shift(self);  // returns self itself
-  for (const c10::IValue& v : *stack) {
-    if (v.isTensor()) shift(v.toTensor());
-    else if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) shift(t);
-  }
+  // kInplace
+  LazyImpl* before = TryGetLazyImpl(self);
+  SlotPtr previous = before ? before->slot() : nullptr;
+  k.original.callBoxed(op, ks, stack);
+  CarryAnnotation(previous, self);  // the user's sharding stays with the tensor
+  ApplyQueuedUpdates(self);
 }
 
 // Which fix `schema` needs, if any.
@@ -306,17 +316,13 @@ c10::optional<FixKind> ClassifyForFix(const c10::OperatorName& name,
       if (a.alias_info() && a.alias_info()->isWrite()) return FixKind::kOut;
   }
   if (!in || !out || in->isWrite() != out->isWrite()) return c10::nullopt;
-  if (!in->isWrite()) {
-    static const auto* absolute = new std::unordered_set<std::string>{
-        "aten::as_strided", "aten::view_as_real", "aten::view_as_complex"};
-    if (absolute->count(name.name) || (name.name == "aten::view" && name.overload_name == "dtype"))
-      return c10::nullopt;
-    return name.name == "aten::detach" ? FixKind::kDetach : FixKind::kView;
-  }
+  if (!in->isWrite()) return name.name == "aten::detach" ? c10::optional<FixKind>(FixKind::kDetach)
+                                                       : c10::nullopt;
+  // In-place view ops change only metadata, which functionalization handles.
   static const auto* inplace_views = new std::unordered_set<std::string>{
       "aten::t_", "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::swapaxes_",
       "aten::swapdims_"};
-  if (inplace_views->count(name.name)) return FixKind::kInplaceView;
+  if (inplace_views->count(name.name)) return c10::nullopt;
   // Ops that legitimately change their self's metadata.
   static const auto* reshaping = new std::unordered_set<std::string>{
       "aten::resize_", "aten::resize_as_", "aten::set_", "aten::as_strided_",
@@ -347,7 +353,7 @@ void WrapFunctionalizeKernels(torch::Library& lib) {
     std::string short_name = name.name.substr(6);
     if (!name.overload_name.empty()) short_name += "." + name.overload_name;
     lib.impl(short_name.c_str(),
-             torch::CppFunction::makeFromBoxedFunction<&FunctionalizeKeepingLayout>());
+             torch::CppFunction::makeFromBoxedFunction<&FunctionalizeWithFixes>());
   }
 }
 
@@ -433,6 +439,7 @@ void RegisterBackend() {
     ViewLibrary() = std::move(view_lib);
     RegisterBatchedMatmul();
     RegisterHooks();
+    RegisterMissingMetaKernels();
   });
 }
 

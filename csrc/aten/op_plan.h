@@ -65,5 +65,8 @@ SpecialKernel FindSpecialKernel(const std::string& qualified_name);
 
 // Hand-written shape functions for ops whose meta kernel is missing or wrong on torch 1.13.
 const ShapeFn* FindCustomShapeFn(const std::string& qualified_name);
+// Registers Meta kernels for ops torch has none for but the recorder needs shapes of
+// (shape_functions.cc). Called once by RegisterBackend.
+void RegisterMissingMetaKernels();
 
 }  // namespace spmd::aten

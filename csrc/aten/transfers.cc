@@ -19,11 +19,13 @@ at::Tensor HostValue(LazyImpl* impl) { return Materialize(impl->slot())->ToHost(
 
 // Uploads `src` (any device-less host tensor) into the lazy tensor `dst`: broadcast to dst's
 // shape and cast to its dtype, as copy_ does.
+at::Tensor HostLike(const TensorType& type, const at::Tensor& src) {
+  return src.to(runtime::ToScalarType(type.dtype)).expand(type.shape).contiguous();
+}
+
 void UploadInto(LazyImpl* dst, const at::Tensor& src) {
   Count("TransferToDevice");
-  const TensorType& type = dst->slot()->value.type();
-  at::Tensor host = src.to(runtime::ToScalarType(type.dtype)).expand(type.shape).contiguous();
-  SetSlotValue(dst->slot(), UploadValue(host));
+  SetSlotValue(dst->slot(), UploadValue(HostLike(dst->slot()->value.type(), src)));
 }
 
 // _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
@@ -64,6 +66,23 @@ void CopyInPlace(OpPlan& plan, torch::jit::Stack* stack) {
   UploadInto(dst, src);
   torch::jit::drop(*stack, 3);
   stack->push_back(self);
+}
+
+// copy(self, src, non_blocking) -> Tensor: the functional copy_ that torch 2.x's
+// functionalization calls for self.copy_(src). With a host src: a fresh upload of src, cast and
+// broadcast to self's dtype and shape.
+void CopyFunctional(OpPlan& plan, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  at::Tensor self = args[0].toTensor();
+  at::Tensor src = args[1].toTensor();
+  LazyImpl* dst = TryGetLazyImpl(self);
+  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return RecordOp(plan, stack);
+  TORCH_CHECK(src.device().is_cpu(), "cannot copy from ", src.device(), " into an spmd tensor");
+  Count("TransferToDevice");
+  at::Tensor result =
+      WrapOutput(UploadValue(HostLike(dst->slot()->value.type(), src)), /*factory=*/true);
+  torch::jit::drop(*stack, 3);
+  stack->push_back(result);
 }
 
 // _copy_from(self=src, dst, non_blocking) and _copy_from_and_resize(self=src, dst)
@@ -137,6 +156,7 @@ SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
   static const auto* table = new std::unordered_map<std::string, SpecialKernel>{
       {"aten::_to_copy", ToCopy},
       {"aten::copy_", CopyInPlace},
+      {"aten::copy", CopyFunctional},
       {"aten::_copy_from", CopyFrom},
       {"aten::_copy_from_and_resize", CopyFrom},
       {"aten::_local_scalar_dense", LocalScalarDense},

@@ -157,7 +157,7 @@ C("var_std", "var std",
   lambda a: (a.var(1), a.std(0, unbiased=False), a.var(), a.std((0, 2), keepdim=True)),
   lambda r: (r.g(3, 4, 5),))
 C("var_mean", "var_mean", lambda a: torch.var_mean(a, 1), lambda r: (r.g(3, 4),))
-C("norm", "norm linalg_vector_norm",
+C("norm", "linalg_vector_norm",
   lambda a: (a.norm(), a.norm(p=1, dim=1), torch.linalg.vector_norm(a, 3, dim=0)),
   lambda r: (r.g(3, 4),))
 C("logsumexp", "logsumexp", lambda a: (a.logsumexp(1), a.logsumexp((0, 1), keepdim=True)),
@@ -338,7 +338,7 @@ def _setitem_int_tensor(x):
     return x * 1
 
 
-C("setitem_column", "slice select_scatter as_strided_scatter", _setitem_col, lambda r: (r.g(3, 4),))
+C("setitem_column", "select select_scatter", _setitem_col, lambda r: (r.g(3, 4),))
 C("view_mul_", "view mul", _view_mul_, lambda r: (r.g(3, 4),))
 C("t_add_", "t add", _t_add_, lambda r: (r.g(3, 4),))
 C("diagonal_add_", "diagonal add", _diag_add_, lambda r: (r.g(4, 4),))
@@ -349,7 +349,7 @@ C("setitem_tensor_index", "index_put", _setitem_tensor_index,
 C("masked_fill_", "masked_fill", _setitem_mask, lambda r: (r.g(3, 4), r(3, 4, dtype=b8)))
 C("inplace_on_input", "select_scatter slice_scatter mul sum", _inplace_on_input, lambda r: (r(3, 4),))
 C("inplace_chain", "mul add clamp sqrt", _inplace_chain, lambda r: (r.g(3, 4),))
-C("copy_into_view", "slice slice_scatter as_strided_scatter", _copy_into_view, lambda r: (r.g(3, 4), r.g(3, 2)))
+C("copy_into_view", "slice slice_scatter", _copy_into_view, lambda r: (r.g(3, 4), r.g(3, 2)))
 C("inplace_after_cast", "_to_copy select_scatter", _inplace_after_cast, lambda r: (r.g(3, 4),))
 C("outputs_alias", "select mul", _outputs_alias, lambda r: (r.g(3, 4),))
 C("setitem_int_tensor", "select_scatter add", _setitem_int_tensor, lambda r: (r(3, 4, dtype=i64),))
@@ -582,7 +582,7 @@ C("repeat_interleave_tensor", "repeat_interleave",
 
 # ---- more ops -------------------------------------------------------------------------------
 C("std_mean", "std_mean", lambda a: torch.std_mean(a, 0), lambda r: (r.g(4, 3),))
-C("normalize_cosine", "norm clamp_min div",
+C("normalize_cosine", "linalg_vector_norm clamp_min div",
   lambda a, b: (F.normalize(a, dim=1), F.cosine_similarity(a, b)), lambda r: (r.g(3, 4), r.g(3, 4)))
 C("pad_constant_reflect", "constant_pad_nd reflection_pad2d",
   lambda x: (F.pad(x, (1, 2, 0, 1), value=0.5), F.pad(x, (1, 1, 1, 1), mode="reflect")),
@@ -632,7 +632,7 @@ C("embedding_max_norm_free", "embedding", lambda w, i: F.embedding(i, w, scale_g
   lambda r: (r.g(6, 3), torch.tensor([[0, 2, 5], [2, 2, 1]])))
 C("multi_dot_chain", "mm", lambda a, b, c: torch.linalg.multi_dot([a, b, c]),
   lambda r: (r.g(2, 3), r.g(3, 4), r.g(4, 2)))
-C("glu_prelu_selu", "glu prelu elu",
+C("glu_prelu_selu", "glu _prelu_kernel elu",
   lambda a, w: (F.glu(a, -1), F.prelu(a, w), F.selu(a), F.celu(a)),
   lambda r: (r.g(3, 4), r.g(1)))
 C("softsign_tanhshrink_threshold", "div tanh threshold",

@@ -23,14 +23,25 @@ std::optional<ShardingRule> ListPointwise(const ir::Node& node) {
     if (a.kind == ir::Arg::Kind::kTensorList) n = std::max(n, a.ints.size());
   if (n == 0 || node.num_outputs() % n != 0) return std::nullopt;
 
+  // Result lists come one after another: result r is element r % n of its list. Element i's
+  // factors come from the first result list; a 0-dim result element mirrors a 0-dim list
+  // argument (the fused optimizers return their step counts) and is replicated like it.
   ShardingRule rule;
   std::vector<TensorFactors> element(n);
   for (size_t i = 0; i < n; ++i) element[i] = PassThroughFactors(rule, node.output(i));
-  // Result lists come one after another: result r is element r % n of its list.
+  auto has_scalar_element = [&](size_t i) {
+    for (const ir::Arg& a : node.args())
+      if (a.kind == ir::Arg::Kind::kTensorList && a.ints.size() == n &&
+          node.inputs()[a.ints[i]].type().rank() == 0)
+        return true;
+    return false;
+  };
   for (int r = 0; r < node.num_outputs(); ++r) {
-    const TensorType& ref = node.output(r % n);
-    if (node.output(r).shape != ref.shape) return std::nullopt;
-    rule.results.push_back(element[r % n]);
+    size_t i = r % n;
+    const TensorType& out = node.output(r);
+    if (out.shape == node.output(i).shape) rule.results.push_back(element[i]);
+    else if (out.rank() == 0 && has_scalar_element(i)) rule.results.push_back({});
+    else return std::nullopt;
   }
   rule.operands.assign(node.inputs().size(), {});
   for (int in = 0; in < static_cast<int>(node.inputs().size()); ++in)

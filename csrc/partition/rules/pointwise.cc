@@ -78,7 +78,8 @@ void RegisterPointwiseRules() {
        "aten::softplus", "aten::softplus_backward", "aten::hardsigmoid",
        "aten::hardsigmoid_backward", "aten::hardswish", "aten::hardswish_backward",
        "aten::mish", "aten::mish_backward", "aten::log_sigmoid_forward",
-       "aten::log_sigmoid_backward", "aten::prelu",
+       "aten::log_sigmoid_backward", "aten::prelu", "aten::_prelu_kernel",
+       "aten::_prelu_kernel_backward",
        // casts, copies, *_like, dropout
        "aten::_to_copy", "aten::clone", "aten::copy", "aten::copy_", "aten::fill",
        "aten::zero", "aten::zeros_like", "aten::ones_like", "aten::full_like",
