@@ -2,7 +2,10 @@
 
 torch calls into it by name: ``torch.manual_seed`` seeds every backend's generator through
 ``manual_seed_all``, ``tensor.to("spmd")`` and autocast ask ``is_available``/``device_count``/
-``current_device``, ``torch.random.fork_rng`` uses ``get_rng_state``/``set_rng_state``.
+``current_device``, ``torch.random.fork_rng`` uses ``get_rng_state``/``set_rng_state``, and
+``torch.distributed.checkpoint``'s ``FileSystemWriter`` stages device-to-host copies on
+``current_stream()`` inside ``stream(...)`` (a backend that reports ``is_available`` must have
+them, or every DCP save in a process that imported torch_spmd fails).
 
 In SPMD mode there is one logical device (index 0); the emulated devices of the mesh sit behind
 it (``torch_spmd.runtime.global_runtime_device_count()``). Device randomness draws its seeds from
@@ -58,6 +61,46 @@ def device(device):
 def synchronize(device=None) -> None:
     """Steps run synchronously on the emulated devices: nothing is left in flight."""
     _check_index(device if device is not None else 0)
+
+
+class Stream:
+    """The spmd device's only stream. Every step runs synchronously (a device-to-host copy
+    returns finished data), so there is never anything to wait for."""
+    device_type = "spmd"
+    device_index = 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<torch_spmd.device_module.Stream spmd:0>"
+
+
+_STREAM = Stream()
+
+
+def current_stream(device=None) -> Stream:
+    _check_index(device if device is not None else 0)
+    return _STREAM
+
+
+def default_stream(device=None) -> Stream:
+    return current_stream(device)
+
+
+@contextlib.contextmanager
+def stream(s):
+    """Makes ``s`` current: a no-op, there is one stream."""
+    yield
 
 
 def get_amp_supported_dtype():

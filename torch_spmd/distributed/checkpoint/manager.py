@@ -1,12 +1,15 @@
 """``CheckpointManager``: per-step sharded checkpoints under one directory.
 
 PyTorch/XLA's ``torch_xla.experimental.distributed_checkpoint.CheckpointManager`` interface.
-Step ``s`` lives in ``<path>/<s>/`` as a ``save_sharded`` checkpoint; a step is tracked once
-its manifest is committed (written last, atomically), so an interrupted save never shows up as
-a step and never damages an older one.
+Step ``s`` lives in ``<path>/<s>/``, as a ``save_sharded`` checkpoint (tracked once its
+manifest is committed: written last, atomically) or, with ``use_dcp=True``, as a standard DCP
+checkpoint written by ``save_dcp`` (tracked once its ``.metadata`` exists: the directory is
+written under a hidden name and renamed to ``<s>`` when complete). Either way an interrupted
+save never shows up as a step and never damages an older one.
 """
 import logging
 import os
+import re
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,6 +20,27 @@ from ._snapshot import capture
 from .api import load_sharded, write_snapshot
 
 __all__ = ["CheckpointManager"]
+
+# Hidden siblings of step directories that save_dcp makes (``_dcp``): ``.<step>.dcp-<token>``
+# (being written) and ``.<step>.old-<token>`` (being replaced).
+_DCP_SIBLING = re.compile(r"^\.(\d+)\.(dcp|old)-[0-9a-f]+$")
+
+
+def _dcp():
+    from . import _dcp as module  # imports torch.distributed.checkpoint: only when needed
+    return module
+
+
+def _is_dcp_step(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ".metadata"))
+
+
+def _is_uncommitted(path: str) -> bool:
+    """A step directory left by a torch_spmd-format save that never committed: no manifest,
+    no DCP metadata, nothing but files a save writes."""
+    return (os.path.isdir(path) and not _is_dcp_step(path) and
+            not os.path.exists(os.path.join(path, _storage.MANIFEST)) and
+            all(_storage.is_own_file(f) for f in os.listdir(path)))
 
 
 class CheckpointManager:
@@ -30,6 +54,9 @@ class CheckpointManager:
         after each new one is committed; 0 keeps all.
       max_pending_async: how many ``save_async`` writes may be in flight before the next one
         waits.
+      use_dcp: write each step as a standard ``torch.distributed.checkpoint`` checkpoint
+        (``SPMDSavePlanner``; loadable by plain DCP) instead of torch_spmd's own format.
+        ``restore`` reads either format, whatever this flag says.
       num_of_threads, process_group, chkpt_on_preemption: accepted for compatibility. One
         process drives every device here, so there is no process group to coordinate (PyTorch/
         XLA asserts one exists), and there is no preemption service to sync with:
@@ -54,7 +81,8 @@ class CheckpointManager:
                  max_pending_async: Optional[int] = 1,
                  num_of_threads: Optional[int] = 1,
                  process_group: Any = None,
-                 chkpt_on_preemption: bool = True):
+                 chkpt_on_preemption: bool = True,
+                 use_dcp: bool = False):
         assert save_interval > 0, "save_interval must be positive"
         assert max_pending_async > 0, "max_pending_async must be positive"
         assert max_to_keep >= 0, "max_to_keep must be non-negative"
@@ -63,7 +91,9 @@ class CheckpointManager:
         self.max_to_keep = max_to_keep
         self.num_of_threads = num_of_threads
         self.chkpt_on_preemption = chkpt_on_preemption
+        self.use_dcp = use_dcp
         os.makedirs(path, exist_ok=True)
+        self._recover()
         # One writer thread: saves commit in the order they were requested.
         self._async_worker_pool = ThreadPoolExecutor(max_workers=1)
         self._async_sem = threading.Semaphore(max_pending_async)
@@ -81,6 +111,14 @@ class CheckpointManager:
         for name in os.listdir(self.base_path):
             if not name.isdigit():
                 continue
+            step_path = os.path.join(self.base_path, name)
+            if _is_dcp_step(step_path):
+                try:
+                    tracked.append((os.path.getmtime(os.path.join(step_path, ".metadata")),
+                                    int(name)))
+                except FileNotFoundError:  # deleted meanwhile
+                    pass
+                continue
             try:
                 manifest = _storage.read_manifest(os.path.join(self.base_path, name))
             except (OSError, ValueError) as e:
@@ -92,24 +130,53 @@ class CheckpointManager:
 
     def _delete_step(self, step: int) -> None:
         path = self._get_path(step)
-        manifest = os.path.join(path, _storage.MANIFEST)
-        if os.path.exists(manifest):  # untrack first: a half-deleted step is never listed
-            os.unlink(manifest)
-            _storage.fsync_dir(path)
+        for commit_file in (_storage.MANIFEST, ".metadata"):
+            commit_path = os.path.join(path, commit_file)
+            if os.path.exists(commit_path):  # untrack first: a half-deleted step is never listed
+                os.unlink(commit_path)
+                _storage.fsync_dir(path)
         shutil.rmtree(path, ignore_errors=True)
 
+    def _recover(self) -> None:
+        """Finishes step replacements that save_dcp started and a crash interrupted."""
+        steps = {m.group(1) for m in map(_DCP_SIBLING.match, os.listdir(self.base_path))
+                 if m and m.group(2) == "old"}
+        for step in steps:
+            _dcp().recover(os.path.join(self.base_path, step))
+
     def _remove_uncommitted(self) -> None:
-        """Deletes step directories whose first save never committed (only our own files)."""
+        """Deletes step directories whose first save never committed (only our own files),
+        and the directories of DCP saves that were killed while writing."""
         for name in os.listdir(self.base_path):
             path = os.path.join(self.base_path, name)
-            if (name.isdigit() and os.path.isdir(path) and
-                    not os.path.exists(os.path.join(path, _storage.MANIFEST)) and
-                    all(_storage.is_own_file(f) for f in os.listdir(path))):
+            match = _DCP_SIBLING.match(name)
+            if match and match.group(2) == "dcp" and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            if name.isdigit() and _is_uncommitted(path):
                 shutil.rmtree(path, ignore_errors=True)
 
     def _write(self, step: int, snapshot) -> None:
+        """Writes a ``capture`` snapshot (torch_spmd format) or a state dict / staged host
+        copy (DCP) as step ``step``, then evicts."""
         with self._save_mutex:
-            write_snapshot(snapshot, self._get_path(step))
+            path = self._get_path(step)
+            if self.use_dcp:
+                self._recover()
+                if _is_uncommitted(path):  # replaced whole: clear what cannot be kept
+                    shutil.rmtree(path)
+                _dcp().save_dcp(snapshot, path)
+            elif _is_dcp_step(path):  # the step was saved as DCP before: replace it whole
+                parent = os.path.dirname(os.path.abspath(path))
+                new = os.path.join(parent, f".{step}.dcp-{os.urandom(8).hex()}")
+                try:
+                    write_snapshot(snapshot, new)
+                    _dcp().replace_dir(new, path)
+                except BaseException:
+                    shutil.rmtree(new, ignore_errors=True)
+                    raise
+            else:
+                write_snapshot(snapshot, path)
             if self.max_to_keep > 0:
                 tracked = self._tracked()
                 for _, old in tracked[:max(0, len(tracked) - self.max_to_keep)]:
@@ -129,7 +196,7 @@ class CheckpointManager:
         if not (self.should_save(step) or force):
             return False
         self.join()
-        self._write(step, capture(state_dict))
+        self._write(step, state_dict if self.use_dcp else capture(state_dict))
         return True
 
     def save_async(self, step: int, state_dict: Any, force: Optional[bool] = False) -> bool:
@@ -138,7 +205,9 @@ class CheckpointManager:
         errors surface in ``join()``."""
         if not (self.should_save(step) or force):
             return False
-        snapshot = capture(state_dict)  # host copies: training may go on changing the tensors
+        # Host copies now: training may go on changing the tensors.
+        snapshot = (_dcp().stage_state_dict(state_dict) if self.use_dcp else
+                    capture(state_dict))
         self._async_sem.acquire()
         future = self._async_worker_pool.submit(self._write, step, snapshot)
         future.add_done_callback(lambda _: self._async_sem.release())
@@ -146,12 +215,17 @@ class CheckpointManager:
         return True
 
     def restore(self, step: int, state_dict: Any) -> None:
-        """Loads the checkpoint of ``step`` into ``state_dict`` in place (``load_sharded``);
-        finish with ``model.load_state_dict`` / ``optimizer.load_state_dict``."""
+        """Loads the checkpoint of ``step`` into ``state_dict`` in place (``load_dcp`` for a DCP
+        step, else ``load_sharded``); finish with ``model.load_state_dict`` /
+        ``optimizer.load_state_dict``."""
         tracked_steps = set(self.all_steps())
         assert step in tracked_steps, \
             f'Cannot restore from untracked step {step}. Valid steps are: {tracked_steps}'
-        load_sharded(state_dict, self._get_path(step))
+        path = self._get_path(step)
+        if _is_dcp_step(path):
+            _dcp().load_dcp(state_dict, path)
+        else:
+            load_sharded(state_dict, path)
 
     def all_steps(self) -> List[int]:
         """The steps with a committed checkpoint, ascending."""
