@@ -137,14 +137,18 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
                    [&](int a, int b) { return best_bytes(a) > best_bytes(b); });
 
   FactorAxes assigned(num_factors);
-  std::vector<bool> used(mesh.num_axes(), false);
+  int num_groups = 1;
+  for (const Factor& factor : rule.factors) num_groups = std::max(num_groups, factor.group + 1);
+  // used[group][axis]: a mesh axis shards at most one factor of an iteration space.
+  std::vector<std::vector<bool>> used(num_groups, std::vector<bool>(mesh.num_axes(), false));
   for (int f : order) {
     if (rule.factors[f].kind == FactorKind::kNeedReplication) continue;
+    std::vector<bool>& taken = used[rule.factors[f].group];
     for (const Candidate& c : candidates[f]) {
       // Take the longest prefix of the proposal whose axes are still free.
       AxisList take;
       for (int a : c.axes) {
-        if (used[a]) break;
+        if (taken[a]) break;
         take.push_back(a);
       }
       // Windowed factors keep the longest prefix that tiles them evenly (see rule.h).
@@ -152,7 +156,7 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
              !WindowedTilingOk(rule, f, AxesSize(mesh, take), operand_types, result_types))
         take.pop_back();
       if (take.empty()) continue;
-      for (int a : take) used[a] = true;
+      for (int a : take) taken[a] = true;
       assigned[f] = std::move(take);
       break;
     }

@@ -28,7 +28,10 @@ std::optional<ShardingRule> ListPointwise(const ir::Node& node) {
   // argument (the fused optimizers return their step counts) and is replicated like it.
   ShardingRule rule;
   std::vector<TensorFactors> element(n);
-  for (size_t i = 0; i < n; ++i) element[i] = PassThroughFactors(rule, node.output(i));
+  for (size_t i = 0; i < n; ++i) {
+    element[i] = PassThroughFactors(rule, node.output(i));
+    for (const DimFactors& dim : element[i]) rule.factors[dim[0]].group = static_cast<int>(i);
+  }
   auto has_scalar_element = [&](size_t i) {
     for (const ir::Arg& a : node.args())
       if (a.kind == ir::Arg::Kind::kTensorList && a.ints.size() == n &&

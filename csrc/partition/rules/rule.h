@@ -45,6 +45,9 @@ struct Factor {
   // unsharded and the operands are gathered. A windowed factor must be a dim's only factor.
   bool windowed = false;
   int64_t max_tiles = 0;  // windowed factors only; 0 = no limit
+  // Independent iteration spaces within one op (the elements of a list op such as
+  // _foreach_add): a mesh axis shards at most one factor of each group. Default: one group.
+  int group = 0;
 };
 
 using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor
