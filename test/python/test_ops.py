@@ -556,6 +556,7 @@ C("detach_root_aliases", "mul add", _detach_root_aliases, lambda r: (r(3, 4),))
 C("detach_mutated_view", "mul select_scatter", _detach_mutated_view, lambda r: (r.g(3, 4),))
 C("view_after_base_mutation", "mul select add", _view_after_base_mutation, lambda r: (r.g(3, 4),))
 C("inplace_view_ops", "t unsqueeze mul add", _inplace_view_ops, lambda r: (r.g(3, 4),))
+C("inplace_view_ops_values", "t unsqueeze mul add", _inplace_view_ops, lambda r: (r(3, 4),))
 # (no grad: autograd forbids in-place writes to outputs of multi-view ops such as chunk)
 C("chunk_split_unbind_write", "slice_scatter zero fill neg", _chunk_write, lambda r: (r(4, 4),))
 C("copy_from_host_into_view", "select_scatter", _copy_from_host_into_view,
@@ -696,8 +697,22 @@ def _ids(cases):
     return names
 
 
+# Known torch limitations, each checked to still fail (strict): if torch fixes one, the case
+# passes and this list must shrink.
+TORCH_LIMITS = {
+    # Autograd through an in-place *view* op (t_, unsqueeze_) applied to a view, on a device
+    # without as_strided (functional tensors, as XLA's): torch 2.x does not add the in-place
+    # view to the view's replay function (pytorch/pytorch#49825), so backward fails with a
+    # shape error. The values are right (inplace_view_ops_values); torch 1.13 replayed views
+    # with as_strided and did not hit this.
+    "inplace_view_ops": "pytorch/pytorch#49825: in-place view ops on views under view replay",
+}
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
-def test_op(case):
+def test_op(case, request):
+    if case.name in TORCH_LIMITS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=TORCH_LIMITS[case.name]))
     if case.inputs is None:
         # A factory program: the same code with the device as its argument.
         result = check_factory(case.fn, **case.kw)
