@@ -1,10 +1,12 @@
-"""Multi-process mode: xmp.spawn, the xm replica APIs and their collectives over gloo.
+"""Multi-process mode: xmp.spawn, torchrun, the xm replica APIs and their collectives over gloo,
+and autograd through those collectives.
 
 Each replica derives its inputs from its ordinal (``_inputs``), runs the collectives in one
 lazy step and saves what it got; the parent recomputes every expected result from all replicas'
 inputs with torch on the CPU. Processes are few (2 or 4) and tensors tiny: the machine is small.
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import torch
 
 import torch_spmd  # noqa: F401
 import torch_spmd.core.xla_model as xm
+import torch_spmd.distributed as tsd
 import torch_spmd.distributed.xla_multiprocessing as xmp
 
 # Replicas that wait for a dead peer give up after this many seconds (the parent stops them
@@ -280,6 +283,169 @@ def test_optimizer_step_equals_full_batch_2_processes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Autograd through the collectives. Replica r's loss depends on its collective's output; the
+# gradient each replica gets for its input must be the gradient of the sum of all replicas'
+# losses, which the parent computes on the CPU with the collectives written as torch ops.
+
+GRAD_WORLD = 4
+
+
+def _grad_input(rank):
+    """Distinct random values: MAX / MIN have a unique winner per element."""
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(10 + rank))
+
+
+def _replica_loss(rank, y):
+    """Replica `rank`'s loss of its collective output: depends on the rank and on y."""
+    w = torch.linspace(-1.0, 1.0, y.numel()).reshape(y.shape).to(y.device) * (rank + 1)
+    return (y * w).sum() + 0.5 * (y * y).sum()
+
+
+def _chain_weight(rank):
+    return torch.linspace(-0.5, 0.5, 8 * 4).reshape(8, 4) + rank
+
+
+def _group_of(groups, rank):
+    return next(g for g in groups if rank in g)
+
+
+def _grad_cases(n):
+    """key -> (what replica `rank` computes from its x, the CPU reference: every replica's x
+    -> every replica's output)."""
+    ordered, strided = [[1, 0], [3, 2]], [[0, 2], [1, 3]]
+    return {
+        "sum": (lambda r, x: xm.all_reduce(xm.REDUCE_SUM, torch.tanh(x), scale=0.5),
+                lambda xs: [0.5 * sum(torch.tanh(x) for x in xs)] * n),
+        "max": (lambda r, x: xm.all_reduce(xm.REDUCE_MAX, x, scale=2.0),
+                lambda xs: [2.0 * torch.stack(xs).amax(0)] * n),
+        "gather": (lambda r, x: xm.all_gather(torch.tanh(x), dim=1),
+                   lambda xs: [torch.cat([torch.tanh(x) for x in xs], 1)] * n),
+        "rs_sum": (lambda r, x: xm.reduce_scatter(xm.REDUCE_SUM, x, 0.25, 0, n),
+                   lambda xs: list((0.25 * sum(xs)).chunk(n, 0))),
+        "rs_min": (lambda r, x: xm.reduce_scatter(xm.REDUCE_MIN, x, 1.0, -1, n),
+                   lambda xs: list(torch.stack(xs).amin(0).chunk(n, 1))),
+        "a2a": (lambda r, x: xm.all_to_all(x, 1, 0, n),
+                lambda xs: [torch.cat([x.chunk(n, 1)[r] for x in xs], 0) for r in range(n)]),
+        "g_gather": (lambda r, x: xm.all_gather(x, 0, groups=ordered),
+                     lambda xs: [torch.cat([xs[m] for m in _group_of(ordered, r)], 0)
+                                 for r in range(n)]),
+        "g_rs": (lambda r, x: xm.reduce_scatter(xm.REDUCE_SUM, x, 1.0, 0, 2, groups=strided),
+                 lambda xs: [sum(xs[m] for m in _group_of(strided, r)).chunk(2, 0)[
+                     _group_of(strided, r).index(r)] for r in range(n)]),
+        # Sequence-parallel style: gather the rows, a replica-specific matmul, reduce-scatter.
+        "chain": (lambda r, x: xm.reduce_scatter(
+                      xm.REDUCE_SUM, xm.all_gather(x, 0) @ _chain_weight(r).to(x.device), 1.0,
+                      0, n),
+                  lambda xs: list(sum(torch.cat(xs, 0) @ _chain_weight(r)
+                                      for r in range(n)).chunk(n, 0))),
+    }
+
+
+# Data-parallel training whose losses need the collectives' gradients: a contrastive loss over
+# all replicas' features (all_gather), a centering penalty around the global mean feature
+# (all_reduce) and a penalty on the global Gram matrix, each replica holding one row of it
+# (reduce_scatter). Full-batch CPU training with the mean of the replicas' losses must match.
+
+DP_ROWS = 2  # rows per replica
+
+
+def _feature_model():
+    torch.manual_seed(3)
+    return torch.nn.Linear(4, GRAD_WORLD)
+
+
+def _feature_batches():
+    g = torch.Generator().manual_seed(4)
+    return torch.randn(2, GRAD_WORLD * DP_ROWS, 4, generator=g)  # two steps
+
+
+def _dp_loss(rank, f, gather, all_reduce, reduce_scatter):
+    n = GRAD_WORLD
+    contrastive = torch.nn.functional.cross_entropy(
+        f @ gather(f).T, torch.arange(DP_ROWS).to(f.device) + DP_ROWS * rank)
+    centered = ((f - all_reduce(f.sum(0), 1.0 / (n * DP_ROWS))) ** 2).mean()
+    gram_row = reduce_scatter(f.T @ f, 1.0 / (n * DP_ROWS))
+    return contrastive + centered + (gram_row ** 2).sum()
+
+
+def _grad_worker(index, out_dir):
+    dev = torch_spmd.device()
+    rank, n = xm.get_ordinal(), xm.xrt_world_size()
+    results = {}
+    loss = 0
+    leaves = {}
+    for key, (replica_fn, _) in _grad_cases(n).items():
+        leaves[key] = _grad_input(rank).to(dev).requires_grad_()
+        y = replica_fn(rank, leaves[key])
+        assert y.requires_grad, key
+        results["y_" + key] = y.detach()
+        loss = loss + _replica_loss(rank, y)
+    loss.backward()
+    xm.mark_step()
+    for key, leaf in leaves.items():
+        results["grad_" + key] = leaf.grad
+    # Outside autograd the collectives record no backward.
+    with torch.no_grad():
+        assert not xm.all_gather(leaves["sum"]).requires_grad
+
+    model = _feature_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in _feature_batches():
+        opt.zero_grad()
+        f = torch.tanh(model(batch[rank * DP_ROWS:(rank + 1) * DP_ROWS].to(dev)))
+        _dp_loss(rank, f, lambda t: xm.all_gather(t, 0),
+                 lambda t, s: xm.all_reduce(xm.REDUCE_SUM, t, scale=s),
+                 lambda t, s: xm.reduce_scatter(xm.REDUCE_SUM, t, s, 0, n)).backward()
+        xm.optimizer_step(opt)
+        xm.mark_step()
+    results.update({"dp_" + k: p.detach() for k, p in model.named_parameters()})
+    _save(out_dir, rank, results)
+
+
+def _full_batch_features(cut=False):
+    """The same training on the CPU over the full batch: the loss is the mean of what the
+    replicas' losses are, written with the whole feature matrix. ``cut``: the collectives'
+    results as constants (gradients stop there, as after PyTorch/XLA's xm collectives)."""
+    n = GRAD_WORLD
+    model = _feature_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in _feature_batches():
+        opt.zero_grad()
+        f = torch.tanh(model(batch))
+        g = f.detach() if cut else f
+        losses = [_dp_loss(r, f[r * DP_ROWS:(r + 1) * DP_ROWS], lambda t: g,
+                           lambda t, s: g.sum(0) * s,
+                           lambda t, s, r=r: ((g.T @ g) * s)[r:r + 1])
+                  for r in range(n)]
+        (sum(losses) / n).backward()
+        opt.step()
+    return dict(model.named_parameters())
+
+
+def test_collectives_are_differentiable_4_processes(tmp_path):
+    n = GRAD_WORLD
+    xmp.spawn(_grad_worker, args=(str(tmp_path),), nprocs=n)
+    got = _load(str(tmp_path), n)
+    for key, (_, reference) in _grad_cases(n).items():
+        xs = [_grad_input(r).requires_grad_() for r in range(n)]
+        ys = reference(xs)
+        sum(_replica_loss(r, y) for r, y in enumerate(ys)).backward()
+        for r in range(n):
+            torch.testing.assert_close(got[r]["y_" + key], ys[r].detach(), rtol=1e-5,
+                                       atol=1e-5, msg=f"rank {r} {key} forward")
+            torch.testing.assert_close(got[r]["grad_" + key], xs[r].grad, rtol=1e-5, atol=1e-5,
+                                       msg=f"rank {r} {key} gradient")
+    full = _full_batch_features()
+    for name, want in full.items():
+        for r in range(n):
+            torch.testing.assert_close(got[r]["dp_" + name], want.detach(), rtol=1e-5,
+                                       atol=1e-6, msg=f"rank {r} {name}")
+    # The collectives' gradients matter: without them training goes elsewhere.
+    cut = _full_batch_features(cut=True)
+    assert not torch.allclose(full["weight"], cut["weight"], rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
 # Failures and the launch environment.
 
 def _failing_worker(index):
@@ -388,6 +554,126 @@ def test_two_launchers_form_one_world(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# torchrun: every worker it starts is one replica. The script trains as _train_worker does; the
+# parent compares the parameters with full-batch training on the CPU.
+
+_TORCHRUN_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import torch, torch.distributed as dist
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed as tsd
+    import torch_spmd.distributed.xla_multiprocessing as xmp
+    import torch_spmd.runtime as xr
+    from test_multiprocess import BATCH, LR, STEPS, _batch, _model
+
+    def train(index, out_dir):
+        dev = torch_spmd.device()
+        rank, world = xm.get_ordinal(), xm.xrt_world_size()
+        model = _model().to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        xs, ys = _batch()
+        per = BATCH // world
+        for step in range(STEPS):
+            opt.zero_grad()
+            x = xs[step, rank * per:(rank + 1) * per].to(dev)
+            y = ys[step, rank * per:(rank + 1) * per].to(dev)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            xm.optimizer_step(opt)
+            xm.mark_step()
+        out = {n: p.detach().cpu() for n, p in model.named_parameters()}
+        out["ranks"] = xm.all_gather(torch.tensor([float(rank)]).to(dev)).cpu()
+        out["info"] = (index, rank, xm.get_local_ordinal(), world, xr.process_count(),
+                       xr.global_runtime_device_count(), int(os.environ["RANK"]),
+                       int(os.environ["LOCAL_RANK"]), tsd.is_multiprocess(),
+                       os.environ["SCRIPT_PID"] == str(os.getpid()))  # no child process
+        out["rendezvous"] = xm.rendezvous("done", str(rank).encode())
+        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+
+    if __name__ == "__main__":
+        mode, out_dir = sys.argv[1], sys.argv[2]
+        os.environ["SCRIPT_PID"] = str(os.getpid())
+        if mode == "spawn":  # PyTorch/XLA style: runs in the worker under torchrun
+            xmp.spawn(train, args=(out_dir,))
+            assert not tsd.is_multiprocess() and not dist.is_initialized()
+        else:  # the script's own gloo group, then torch_spmd joins it
+            dist.init_process_group("gloo")
+            tsd.init_multiprocess()
+            tsd.init_multiprocess()  # again: nothing to do
+            train(xm.get_ordinal(), out_dir)
+            tsd.shutdown_multiprocess()
+            assert dist.is_initialized()  # the script's group stays the script's
+            dist.destroy_process_group()
+""")
+
+
+def _start_torchruns(tmp_path, mode, node_args):
+    """One torchrun per entry of ``node_args`` (its own arguments), each in its own session."""
+    script = tmp_path / "train_torchrun.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir(exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPMD_DIST_TIMEOUT="60",
+               PYTHONPATH=os.pathsep.join([REPO, os.path.dirname(os.path.abspath(__file__))]))
+    procs = []
+    for i, args in enumerate(node_args):
+        log = open(tmp_path / f"torchrun{i}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *args, str(script), mode,
+             str(out_dir)], env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True))
+    return procs, str(out_dir)
+
+
+def _wait_torchruns(tmp_path, procs, timeout):
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()  # torchrun stops its workers (they run in sessions of their own)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+    logs = "".join((tmp_path / f"torchrun{i}.log").read_text() for i in range(len(procs)))
+    assert codes == [0] * len(procs), logs
+
+
+def _check_torchrun_world(out_dir, world, local_world):
+    full = _full_batch()
+    got = _load(out_dir, world)
+    for rank, g in enumerate(got):
+        assert g["info"] == (rank, rank, rank % local_world, world, world, 1, rank,
+                             rank % local_world, True, True)
+        assert torch.equal(g["ranks"], torch.arange(world, dtype=torch.float32))
+        assert g["rendezvous"] == [str(r).encode() for r in range(world)]
+        for name, want in full.items():
+            torch.testing.assert_close(g[name], want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_torchrun_workers_are_replicas_through_xmp_spawn(tmp_path):
+    """``torchrun --nproc-per-node=2 script.py`` where the script calls xmp.spawn."""
+    args = ["--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
+    procs, out_dir = _start_torchruns(tmp_path, "spawn", [args])
+    _wait_torchruns(tmp_path, procs, timeout=90)
+    _check_torchrun_world(out_dir, world=2, local_world=2)
+
+
+def test_two_torchruns_form_one_world(tmp_path):
+    """Two torchruns (as on two machines: --nnodes=2, --node-rank 0 and 1) of 2 workers each
+    make one world of 4; the script initializes torch.distributed itself."""
+    port = _free_port()
+    procs, out_dir = _start_torchruns(tmp_path, "init", [
+        ["--nnodes=2", f"--node-rank={node}", "--nproc-per-node=2",
+         "--master-addr=127.0.0.1", f"--master-port={port}"] for node in range(2)])
+    _wait_torchruns(tmp_path, procs, timeout=120)
+    _check_torchrun_world(out_dir, world=4, local_world=2)
+
+
+# ---------------------------------------------------------------------------------------------
 # A single replica (no spawn): the collectives are over a group of one.
 
 def test_single_replica_collectives_are_identities():
@@ -408,3 +694,24 @@ def test_single_replica_collectives_are_identities():
         xm.reduce_scatter(xm.REDUCE_SUM, x, 1.0, 0, 2)
     with pytest.raises(TypeError, match="spmd device"):
         xm.all_reduce(xm.REDUCE_SUM, torch.ones(2))
+
+
+def test_single_replica_collectives_are_differentiable():
+    """With one replica the collectives are clones and scalings: gradients flow through."""
+    dev = torch_spmd.device()
+    x = torch.arange(6.).reshape(2, 3).to(dev).requires_grad_()
+    y = (xm.all_reduce(xm.REDUCE_SUM, x, scale=2.0) + 3 * xm.all_gather(x, dim=1)
+         + xm.reduce_scatter(xm.REDUCE_SUM, x, 0.5, 0, 1) + xm.all_to_all(x, 0, 1, 1)
+         + xm.all_reduce(xm.REDUCE_MAX, x))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((2, 3), 7.5))
+
+
+def test_init_multiprocess_without_a_launcher_says_what_is_missing(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not "
+                                           "set: start the script with a launcher"):
+        tsd.init_multiprocess()
+    assert not tsd.is_multiprocess()
+    tsd.shutdown_multiprocess()  # outside multi-process mode: nothing to do

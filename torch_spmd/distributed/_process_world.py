@@ -1,9 +1,11 @@
 """The process world of multi-process mode: one process per replica, each with one device.
 
-``xmp.spawn`` initializes it in every child (``init_from_env``); the ``xm`` and ``xr`` functions
-read it. Collectives recorded by ``xm`` run in C++ over torch.distributed gloo process groups:
-this module creates the groups (in Python, where torch.distributed keeps its bookkeeping) and
-hands their C++ objects to ``torch_spmd._C``, which runs the collectives without the GIL.
+``xmp.spawn`` initializes it in every child (``init_from_env``), and a process started by a
+launcher such as torchrun joins it with ``torch_spmd.distributed.init_multiprocess``
+(``join_from_launcher``); the ``xm`` and ``xr`` functions read it. Collectives recorded by
+``xm`` run in C++ over torch.distributed gloo process groups: this module creates the groups (in
+Python, where torch.distributed keeps its bookkeeping) and hands their C++ objects to
+``torch_spmd._C``, which runs the collectives without the GIL.
 """
 import datetime
 import os
@@ -12,6 +14,7 @@ import threading
 import torch.distributed as dist
 
 from .. import _C
+from .. import runtime
 
 # Seconds a collective or a rendezvous waits for the other processes before it fails (gloo's
 # timeout). A dead peer usually fails faster: its sockets close.
@@ -54,8 +57,44 @@ def init_from_env() -> None:
     init(rank, world_size, _env_int("LOCAL_RANK", rank), _env_int("LOCAL_WORLD_SIZE", world_size))
 
 
-def init(rank: int, world_size: int, local_rank: int, local_world_size: int) -> None:
+def join_from_launcher(timeout=None) -> None:
+    """Makes this process one replica of the world its launcher describes (torchrun sets
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+    If torch.distributed is already initialized (the script called
+    ``dist.init_process_group``), its default group is the world: rank and size come from it.
+    Otherwise a gloo default group is created with ``init_method='env://'``: under torchrun
+    that connects to the store the launcher already serves on MASTER_PORT
+    (TORCHELASTIC_USE_AGENT_STORE) instead of opening a second one there. A second call in a
+    process that already joined the same world returns (a script may call it and also run
+    under ``xmp.spawn``)."""
+    if dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    else:
+        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                   if not os.environ.get(v)]
+        if missing:
+            raise RuntimeError(
+                f"init_multiprocess: the environment variables {', '.join(missing)} are not "
+                "set: start the script with a launcher such as torchrun (or set RANK, "
+                "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or call dist.init_process_group first")
+        rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    world = _world
+    if world is not None and (world.rank, world.world_size) == (rank, world_size):
+        return
+    init(rank, world_size, _env_int("LOCAL_RANK", rank),
+         _env_int("LOCAL_WORLD_SIZE", world_size), timeout)
+
+
+def init(rank: int, world_size: int, local_rank: int, local_world_size: int,
+         timeout=None) -> None:
+    """Joins the world as replica ``rank`` of ``world_size``: torch.distributed's default group
+    (created over gloo with ``init_method='env://'`` unless the process already has one of
+    that rank and size) carries the xm collectives. ``timeout``: seconds a collective waits
+    for the others (default ``SPMD_DIST_TIMEOUT``)."""
     global _world
+    if timeout is None:
+        timeout = timeout_seconds()
     with _lock:
         if _world is not None:
             raise RuntimeError("the multi-process world is already initialized")
@@ -63,17 +102,20 @@ def init(rank: int, world_size: int, local_rank: int, local_world_size: int) -> 
         # its rank. The device set is created lazily, so this only fails if the process made
         # spmd tensors before joining the world.
         if _C._num_devices() != 1:
-            from .. import runtime
             runtime.configure_devices(1)
         owns_group = not dist.is_initialized()
         if owns_group:
             dist.init_process_group(
                 "gloo", init_method="env://", rank=rank, world_size=world_size,
-                timeout=datetime.timedelta(seconds=timeout_seconds()))
+                timeout=datetime.timedelta(seconds=timeout))
         elif dist.get_rank() != rank or dist.get_world_size() != world_size:
             raise RuntimeError(
                 f"torch.distributed is already initialized as rank {dist.get_rank()} of "
                 f"{dist.get_world_size()}, not rank {rank} of {world_size}")
+        elif "gloo" not in str(dist.get_backend()):
+            raise RuntimeError(
+                "the xm collectives run over gloo, but torch.distributed's default group uses "
+                f"{dist.get_backend()!r}: initialize it with dist.init_process_group('gloo')")
         _C._install_process_group_collectives(dist.distributed_c10d._get_default_group())
         _world = _World(rank, world_size, local_rank, local_world_size, owns_group)
 

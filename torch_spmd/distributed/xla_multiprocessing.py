@@ -10,6 +10,10 @@ Across machines, the process running ``spawn`` is one of ``WORLD_SIZE`` launcher
 ``RANK * nprocs ... RANK * nprocs + nprocs - 1`` of ``WORLD_SIZE * nprocs``. The world meets at
 ``MASTER_ADDR`` (default 127.0.0.1) : ``MASTER_PORT`` (default: a free port, single launcher
 only). See docs/multiprocess.md.
+
+Under torchrun, every worker process already is one replica: ``spawn`` with one replica per
+launcher (``nprocs`` None or 1) runs ``fn`` in the worker itself, joined to the world torchrun
+describes (``torch_spmd.distributed.init_multiprocess``), instead of starting a child.
 """
 import multiprocessing
 import multiprocessing.connection
@@ -20,6 +24,10 @@ import sys
 import threading
 import time
 import traceback
+
+import torch.distributed as dist
+
+from . import _process_world
 
 # Seconds between asking the surviving processes to stop (SIGTERM) and killing them.
 _TERMINATE_GRACE = 5.0
@@ -95,7 +103,6 @@ def _replica_envs(nprocs):
 def _replica_main(index, fn, args, env, error_queue):
     """Body of one replica process."""
     os.environ.update(env)
-    from . import _process_world
     try:
         _process_world.init_from_env()
         fn(int(env["RANK"]), *args)
@@ -183,12 +190,25 @@ class ProcessContext:
                                       code, name)
 
 
+def _run_in_this_process(fn, args):
+    """A torchrun worker as the replica: joins the world torchrun describes (unless the script
+    already did), runs ``fn(ordinal, *args)`` and leaves the world it joined. An exception
+    propagates: torchrun reports it and stops the other workers."""
+    joined_here = not _process_world.is_multiprocess()
+    _process_world.join_from_launcher()
+    fn(_process_world.current().rank, *args)
+    if joined_here:
+        _process_world.shutdown(barrier=True)
+
+
 def spawn(fn, args=(), nprocs=None, join=True, daemon=False, start_method="spawn"):
     """Runs ``fn(ordinal, *args)`` in ``nprocs`` new processes, one replica (and one emulated
     device) each, joined in a gloo process group.
 
     ``nprocs``: replicas this launcher runs; None = one per device of the host
-    (``SPMD_NUM_DEVICES``, default 8) or 1 when launched by torchrun (RANK set). ``join``:
+    (``SPMD_NUM_DEVICES``, default 8) or 1 when launched by torchrun (RANK set). In a torchrun
+    worker, one replica (``nprocs`` None or 1, ``join=True``) runs in the worker itself: it
+    is a replica of torchrun's world, and ``fn``'s exceptions propagate as they are. ``join``:
     wait for them and raise the first failure (``ProcessRaisedException`` carries the child's
     traceback); False returns the ``ProcessContext`` to join later. A failing replica makes
     ``spawn`` stop the others, so a replica waiting in a collective for a dead peer never hangs
@@ -198,6 +218,9 @@ def spawn(fn, args=(), nprocs=None, join=True, daemon=False, start_method="spawn
         nprocs = 1 if os.environ.get("RANK") else _env_int("SPMD_NUM_DEVICES", 8)
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+    if nprocs == 1 and join and dist.is_torchelastic_launched():
+        _run_in_this_process(fn, args)
+        return None
     envs = _replica_envs(nprocs)
     ctx = multiprocessing.get_context(start_method)
     processes, error_queues = [], []
