@@ -2,6 +2,7 @@
 import torch
 
 from . import _C
+from . import _step
 
 from . import device_module
 
@@ -40,5 +41,4 @@ def is_spmd_tensor(t) -> bool:
 
 def sync() -> None:
     """Executes everything recorded so far as one graph (``xm.mark_step()``)."""
-    from .core import xla_model
-    xla_model.mark_step()
+    _step.mark_step()

@@ -17,6 +17,7 @@ import os
 from typing import Optional, Union
 
 from . import _C
+from . import _world as world_state
 
 _USE_SPMD = False
 
@@ -61,8 +62,7 @@ def addressable_runtime_device_count() -> int:
 
 
 def _world():
-    from .distributed import _process_world  # (late: that module imports this package's _C)
-    return _process_world.current()
+    return world_state.current()
 
 
 def global_device_count() -> int:

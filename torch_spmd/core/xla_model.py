@@ -4,6 +4,7 @@ import sys
 import torch
 
 from .. import _C
+from .. import _step
 from .. import runtime
 from .._device import device as _device
 from .._device import is_spmd_tensor
@@ -14,9 +15,6 @@ from ._replica_collectives import (  # noqa: F401  (the xm collectives API)
     all_reduce, all_to_all, reduce_scatter, rendezvous)
 from ._tree import map_tensors
 
-_step_closures = []
-
-
 def xla_device(n=None, devkind=None) -> torch.device:
     """The spmd device (one logical device in SPMD mode)."""
     return _device(0 if n is None else n)
@@ -24,20 +22,12 @@ def xla_device(n=None, devkind=None) -> torch.device:
 
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
     """Executes all pending operations as one graph, then runs the step closures."""
-    _C._mark_step()
-    _run_step_closures()
+    _step.mark_step()
 
 
 def add_step_closure(closure, args=(), run_async=False):
     """Runs ``closure(*args)`` after the current step's graph has executed."""
-    _step_closures.append((closure, args))
-
-
-def _run_step_closures():
-    global _step_closures
-    closures, _step_closures = _step_closures, []
-    for fn, args in closures:
-        fn(*args)
+    _step.add_step_closure(closure, args)
 
 
 def optimization_barrier_(tensors) -> None:

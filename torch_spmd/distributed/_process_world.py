@@ -9,11 +9,11 @@ Python, where torch.distributed keeps its bookkeeping) and hands their C++ objec
 """
 import datetime
 import os
-import threading
 
 import torch.distributed as dist
 
 from .. import _C
+from .. import _world as world_state
 from .. import runtime
 
 # Seconds a collective or a rendezvous waits for the other processes before it fails (gloo's
@@ -21,8 +21,6 @@ from .. import runtime
 TIMEOUT_ENV = "SPMD_DIST_TIMEOUT"
 _DEFAULT_TIMEOUT = 1800
 
-_lock = threading.Lock()
-_world = None
 
 
 class _World:
@@ -79,7 +77,7 @@ def join_from_launcher(timeout=None) -> None:
                 "set: start the script with a launcher such as torchrun (or set RANK, "
                 "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or call dist.init_process_group first")
         rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
-    world = _world
+    world = world_state.current()
     if world is not None and (world.rank, world.world_size) == (rank, world_size):
         return
     init(rank, world_size, _env_int("LOCAL_RANK", rank),
@@ -92,11 +90,10 @@ def init(rank: int, world_size: int, local_rank: int, local_world_size: int,
     (created over gloo with ``init_method='env://'`` unless the process already has one of
     that rank and size) carries the xm collectives. ``timeout``: seconds a collective waits
     for the others (default ``SPMD_DIST_TIMEOUT``)."""
-    global _world
     if timeout is None:
         timeout = timeout_seconds()
-    with _lock:
-        if _world is not None:
+    with world_state.lock:
+        if world_state.current() is not None:
             raise RuntimeError("the multi-process world is already initialized")
         # Each replica process drives exactly one device: its device id in the collectives is
         # its rank. The device set is created lazily, so this only fails if the process made
@@ -117,17 +114,18 @@ def init(rank: int, world_size: int, local_rank: int, local_world_size: int,
                 "the xm collectives run over gloo, but torch.distributed's default group uses "
                 f"{dist.get_backend()!r}: initialize it with dist.init_process_group('gloo')")
         _C._install_process_group_collectives(dist.distributed_c10d._get_default_group())
-        _world = _World(rank, world_size, local_rank, local_world_size, owns_group)
+        world_state.set_current(
+            _World(rank, world_size, local_rank, local_world_size, owns_group))
 
 
 def shutdown(barrier: bool = True) -> None:
     """Leaves the world: waits for every process (so that no one tears down the store while
     others still use it), then restores the in-process collectives."""
-    global _world
-    with _lock:
-        if _world is None:
+    with world_state.lock:
+        world = world_state.current()
+        if world is None:
             return
-        world, _world = _world, None
+        world_state.set_current(None)
     try:
         if barrier and world.world_size > 1:
             dist.barrier()
@@ -139,11 +137,11 @@ def shutdown(barrier: bool = True) -> None:
 
 def current():
     """The world, or None outside multi-process mode."""
-    return _world
+    return world_state.current()
 
 
 def is_multiprocess() -> bool:
-    return _world is not None
+    return world_state.current() is not None
 
 
 def groups_for(groups) -> list:
@@ -154,7 +152,7 @@ def groups_for(groups) -> list:
     here with the same groups and creates their torch.distributed groups in the same order, as
     ``new_group`` requires (non-members take part too).
     """
-    world = _world
+    world = world_state.current()
     n = world.world_size if world is not None else 1
     if groups is None or len(groups) == 0:
         return [list(range(n))]
@@ -179,7 +177,7 @@ def rendezvous(tag: str, payload: bytes, replicas) -> list:
     """Waits until every replica in ``replicas`` (all if empty) reached the rendezvous ``tag``;
     returns their payloads in replica order. Runs over the torch.distributed store, so any
     subset of replicas can meet without creating a process group."""
-    world = _world
+    world = world_state.current()
     members = sorted(set(int(r) for r in replicas)) or list(range(world.world_size))
     if world.rank not in members:
         raise ValueError(f"replica {world.rank} is not one of the rendezvous replicas {members}")
