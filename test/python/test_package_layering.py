@@ -1,0 +1,59 @@
+"""The Python package has no import cycles: every module imports only modules below it (module
+level and function level alike), so any module can be imported first."""
+import ast
+import os
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "torch_spmd")
+
+
+def _modules():
+    mods = {}
+    for d, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                mods[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return mods
+
+
+def _imports(name, path, mods):
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+                target = base + ("." + node.module if node.module else "")
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                full = target + "." + alias.name
+                if full == "torch_spmd._C":
+                    continue  # the C++ extension: imports nothing of ours
+                out.add(full if full in mods else target)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m in mods and m != name}
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    state, path, cycles = {}, [], []
+
+    def visit(m):
+        state[m] = "open"
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                cycles.append(path[path.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        path.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
