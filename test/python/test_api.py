@@ -102,6 +102,41 @@ def test_pickle_then_map_location_cpu():
     assert t.device.type == "cpu" and torch.equal(t, torch.full((2,), 7.0))
 
 
+def test_torch_2x_device_api_as_users_write_it(tmp_path):
+    # torch.device("spmd") and what torch 2.x generates for a renamed PrivateUse1 backend.
+    assert torch.device("spmd").type == "spmd" and torch.device("spmd", 0) == torch_spmd.device()
+    assert str(torch.randn(2, device="spmd").device) == "spmd:0"
+    t = torch.arange(6.0).view(2, 3)
+    for moved in (t.to("spmd"), t.spmd(), t.to(torch.device("spmd"))):
+        assert moved.is_spmd and not t.is_spmd and torch.equal(moved.cpu(), t)
+    m = nn.Linear(3, 2)
+    assert m.spmd().weight.device == DEV
+    assert torch.spmd.is_available() and torch.spmd.device_count() == 1
+    torch.manual_seed(5)
+    a = torch.randn(4, device="spmd").cpu()
+    torch.manual_seed(5)
+    assert torch.equal(torch.randn(4, device="spmd").cpu(), a)
+
+
+def test_torch_load_weights_only_and_map_location_spmd(tmp_path):
+    cpu_state = small_model().state_dict()
+    path = tmp_path / "cpu.pt"
+    torch.save(cpu_state, path)
+    # A CPU checkpoint mapped onto the device (torch 2.x loads with weights_only=True).
+    on_dev = torch.load(path, map_location="spmd")
+    assert all(v.device == DEV for v in on_dev.values())
+    assert_state_equal(on_dev, cpu_state)
+    # A device checkpoint: plain tensor records, so weights_only loading accepts it.
+    dev_path = tmp_path / "dev.pt"
+    torch.save({k: v.to(DEV) for k, v in cpu_state.items()}, dev_path)
+    again = torch.load(dev_path, weights_only=True)
+    assert all(v.device == DEV for v in again.values())
+    assert_state_equal(again, cpu_state)
+    on_cpu = torch.load(dev_path, weights_only=True, map_location=torch.device("cpu"))
+    assert all(v.device.type == "cpu" for v in on_cpu.values())
+    assert_state_equal(on_cpu, cpu_state)
+
+
 # ---- data loading, copying ---------------------------------------------------------------------
 
 def test_dataloader_batches_to_device_train_like_cpu():
