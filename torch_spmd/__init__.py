@@ -10,6 +10,7 @@ from . import _C  # noqa: F401  (registers the backend with the dispatcher)
 from ._device import device, is_spmd_tensor, sync
 from . import _patches
 from . import debug  # noqa: F401
+from . import _autograd_exit  # noqa: F401  (see its docstring)
 
 _C._init()
 _patches.install()

@@ -1,0 +1,33 @@
+"""Lets torch's autograd thread for the spmd device drop its last backward pass before Python
+shuts down.
+
+torch (2.x) runs the backward of device tensors on a per-device worker thread. Every backward
+(``torch.autograd._engine_run_backward``) stashes a Python object in the graph task's
+thread-local state; the worker may release the finished graph task (and so that object, which
+needs the GIL) a moment after ``backward()`` returned. If Python is finalizing by then, taking
+the GIL ends the thread with a forced unwind through a noexcept frame, and the process aborts
+("terminate called without an active exception") after an otherwise successful run. CUDA has
+the same race; it shows here because an emulated step is fast.
+
+At exit (before finalization) we run one more tiny backward on the device, directly through the
+engine so that it carries no Python object: the worker drops each graph task before it takes
+the next one, so once this backward is done the earlier ones are gone.
+"""
+import atexit
+
+import torch
+
+from ._device import device
+
+def _drain_autograd_worker() -> None:
+    try:
+        with torch.enable_grad():
+            x = torch.zeros((), device=device()).requires_grad_()
+            y = x * 1.0
+            torch.autograd.Variable._execution_engine.run_backward(
+                (y,), (torch.ones((), device=device()),), False, False, (x,), True, False)
+    except Exception:  # never fail a process at exit over this
+        pass
+
+
+atexit.register(_drain_autograd_worker)
