@@ -55,14 +55,22 @@ void ToCopy(OpPlan& plan, torch::jit::Stack* stack) {
   stack->push_back(result);
 }
 
+// For copy_/copy(self, src): the lazy self when src is a host tensor to upload; nullptr when
+// the copy is an ordinary device op (recorded). 0-dim host tensors are scalars, recorded too.
+LazyImpl* HostCopyTarget(const at::Tensor& self, const at::Tensor& src) {
+  LazyImpl* dst = TryGetLazyImpl(self);
+  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return nullptr;
+  TORCH_CHECK(src.device().is_cpu(), "cannot copy from ", src.device(), " into an spmd tensor");
+  return dst;
+}
+
 // copy_(self, src, non_blocking): self is on the device.
 void CopyInPlace(OpPlan& plan, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 3);
   at::Tensor self = args[0].toTensor();
   at::Tensor src = args[1].toTensor();
-  LazyImpl* dst = TryGetLazyImpl(self);
-  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return RecordOp(plan, stack);
-  TORCH_CHECK(src.device().is_cpu(), "cannot copy from ", src.device(), " into an spmd tensor");
+  LazyImpl* dst = HostCopyTarget(self, src);
+  if (!dst) return RecordOp(plan, stack);
   UploadInto(dst, src);
   torch::jit::drop(*stack, 3);
   stack->push_back(self);
@@ -75,9 +83,8 @@ void CopyFunctional(OpPlan& plan, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 3);
   at::Tensor self = args[0].toTensor();
   at::Tensor src = args[1].toTensor();
-  LazyImpl* dst = TryGetLazyImpl(self);
-  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return RecordOp(plan, stack);
-  TORCH_CHECK(src.device().is_cpu(), "cannot copy from ", src.device(), " into an spmd tensor");
+  LazyImpl* dst = HostCopyTarget(self, src);
+  if (!dst) return RecordOp(plan, stack);
   Count("TransferToDevice");
   at::Tensor result =
       WrapOutput(UploadValue(HostLike(dst->slot()->value.type(), src)), /*factory=*/true);
