@@ -3,6 +3,8 @@
 // each device's position in its group; halo_exchange is two collective-permutes of edge slices.
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -120,6 +122,18 @@ DeviceTensors ShardSlice(const Call& c) {
   });
 }
 
+// The fill value in x's dtype: the infinite identities of max/min reductions become an integer
+// dtype's extreme values (true/false for bool), which fill_ accepts.
+c10::Scalar PadValueFor(const at::Tensor& x, double value) {
+  c10::ScalarType t = x.scalar_type();
+  if (!std::isinf(value) || at::isFloatingType(t) || at::isComplexType(t)) return value;
+  if (t == at::kBool) return value > 0;
+  return AT_DISPATCH_INTEGRAL_TYPES(t, "mask_pad", [&] {
+    return c10::Scalar(value > 0 ? std::numeric_limits<scalar_t>::max()
+                                 : std::numeric_limits<scalar_t>::lowest());
+  });
+}
+
 DeviceTensors MaskPad(const Call& c) {
   const DimTiling tiling(c.attrs.size, c.groups.group_size());
   const int64_t dim = c.attrs.dim;
@@ -128,7 +142,7 @@ DeviceTensors MaskPad(const Call& c) {
     const int64_t valid = tiling.Length(index);
     if (valid == tiling.tile_size) return x;  // no padding: the input is already the result
     at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
-    y.narrow(dim, valid, tiling.tile_size - valid).fill_(c.attrs.value);
+    y.narrow(dim, valid, tiling.tile_size - valid).fill_(PadValueFor(y, c.attrs.value));
     return y;
   });
 }

@@ -866,3 +866,22 @@ def test_addmm_beta_zero_ignores_nan_bias():
         r = check(lambda b, x, w: torch.addmm(b, x, w, beta=0, alpha=1.5), [bias, T(10, 6), T(6, 5)],
                   specs, mesh)
         assert torch.isfinite(r.dev_out[0]).all()
+
+
+def test_positional_ops_on_zero_dim_tensors():
+    # dim=0 / -1 name the only "dim" of a 0-dim tensor; the rule must not index a dim it lacks
+    # (this crashed the process before).
+    mesh = mesh_of((8,))
+    for fn in [lambda t: torch.cumsum(t, 0), lambda t: torch.cumprod(t, -1),
+               lambda t: torch.softmax(t, 0), lambda t: torch.log_softmax(t, -1),
+               lambda t: torch.sort(t, 0)[0], lambda t: torch.topk(t, 1, 0)[0]]:
+        check(fn, [torch.tensor(1.5, dtype=torch.float64)], [None], mesh, grad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_max_min_over_padded_sharded_dim_of_integers(dtype):
+    # The padding of an uneven shard is filled with the reduction's identity: +-inf for floats,
+    # the dtype's extreme values for integers and bools.
+    mesh = mesh_of((8,))
+    x = (torch.arange(10) % 7).to(dtype)
+    check(lambda t: (t.amax(0), t.amin(0), t.max(), t.min()), [x], [("x",)], mesh, poison=False)

@@ -169,7 +169,8 @@ RuleBuilder Positional(std::function<std::vector<int64_t>(const ir::Node&, int64
     for (const TensorType& t : node.outputs())
       if (t.rank() != in.rank()) return std::nullopt;
     std::vector<bool> replicate(in.rank(), false);
-    for (int64_t d : dims(node, in.rank())) replicate[WrapDim(d, std::max<int64_t>(in.rank(), 1))] = true;
+    if (in.rank() > 0)  // (a 0-dim tensor has no dim to keep whole; dim 0/-1 name it)
+      for (int64_t d : dims(node, in.rank())) replicate[WrapDim(d, in.rank())] = true;
     ShardingRule rule = KeepDimsExcept(in, Outputs(node), replicate);
     for (size_t k = 1; k < node.inputs().size(); ++k)  // e.g. a second tensor of the same shape
       rule.operands.push_back(node.input(k).type().shape == in.shape ? rule.operands[0]
