@@ -1,6 +1,7 @@
-"""Python-side fixes for storage-less device tensors on torch 1.13.
+"""Python-side fixes for storage-less device tensors (still needed on torch 2.x).
 
-- ``repr``/``print``: ``torch._tensor_str`` only copies xla/lazy/ipu tensors to the host first.
+- ``repr``/``print``: ``torch._tensor_str`` formats functional wrappers of views and empty
+  tensors as ``_to_functional_tensor(...)``; we format the host value like any device tensor.
 - ``Module.to(spmd)`` / ``Module._apply``: a CPU parameter cannot become an spmd tensor in place
   (``param.data = ...`` needs compatible tensor types), so torch creates new ``Parameter``
   objects; weights tied across modules (an embedding and an LM head) would silently come
@@ -32,7 +33,7 @@ def _spmd_repr(self, *, tensor_contents=None):
         return _orig_repr(self, tensor_contents=tensor_contents)
     from torch import _tensor_str as ts
     with torch.no_grad():
-        # (not self.detach(): see backend.cc on detached views on torch 1.13)
+        # (not self.detach(): a detached view no longer aliases its base; see backend.cc)
         host = self.cpu()
     prefix = "tensor("
     indent = len(prefix)
@@ -79,7 +80,7 @@ def _spmd_tag(storage):
 def _spmd_deserialize(storage, location):
     """Storages saved from the device (or mapped to it with ``map_location="spmd"``) stay host
     storages while torch rebuilds the tensors over them; ``torch.load`` then moves those
-    tensors to the device. ``privateuseone`` is the location checkpoints of torch 1.13 carry."""
+    tensors to the device. ``privateuseone`` is the location checkpoints saved on torch 1.13 carry."""
     if location.startswith("spmd") or location.startswith("privateuseone"):
         _restored_for_device.add(storage.data_ptr())
         return storage

@@ -63,7 +63,7 @@ OpPlan& GetOpPlan(const c10::OperatorHandle& op);
 // The special kernel for `qualified_name`, or nullptr.
 SpecialKernel FindSpecialKernel(const std::string& qualified_name);
 
-// Hand-written shape functions for ops whose meta kernel is missing or wrong on torch 1.13.
+// Hand-written shape functions for ops whose meta kernel disagrees with the CPU kernel.
 const ShapeFn* FindCustomShapeFn(const std::string& qualified_name);
 // Registers Meta kernels for ops torch has none for but the recorder needs shapes of
 // (shape_functions.cc). Called once by RegisterBackend.

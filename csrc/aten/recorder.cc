@@ -261,8 +261,8 @@ class ArgConverter {
                      at::TensorOptions().dtype(runtime::ToScalarType(type.dtype)).device(c10::kMeta));
   }
 
-  // Only tensor-typed arguments are touched: every IValue list has the same tag in torch 1.13,
-  // so the schema type is what tells an int list from a list of optional tensors.
+  // Only tensor-typed arguments are touched: the schema type, not the IValue's tag, is what
+  // reliably tells an int list from a list of optional tensors (all lists once shared a tag).
   static c10::IValue ToMeta(const c10::IValue& v, ir::ArgType type) {
     if (type == ir::ArgType::kTensor && v.isTensor()) return MetaOf(v.toTensor());
     if (type == ir::ArgType::kTensorList && v.isTensorList()) {
@@ -339,16 +339,14 @@ at::Tensor MetaWithLayout(const LazyImpl* impl) {
 }
 
 // A view must *describe itself* as a strided device's view would, whatever the layout of the
-// buffer behind it: autograd on 1.13 treats PrivateUse1 as supporting as_strided, so CopySlices (in-place
-// writes through views, e.g. a[:, 0] = 7) and view regeneration replay views of the base as
-// as_strided(view.sizes(), view.strides(), view.storage_offset()). A functionalization wrapper
-// reports its inner value's sizes and strides (custom sizes/strides policy), so each view
-// output gets the strides and storage offset that running the view op on a meta tensor with
-// its input's layout gives (layouts compose along view chains; the wrapper's own storage offset
-// is fixed in backend.cc). Buffers keep the layout their CPU kernel gave them; the few ops that
-// interpret strides (as_strided_copy/scatter on a root, which is described as contiguous) get
-// contiguous inputs at replay (executable.cc). A non-contiguous view now refuses .view()
-// exactly where a CPU tensor would.
+// buffer behind it: stride(), storage_offset(), is_contiguous() and as_strided on views read
+// it. A functionalization wrapper reports its inner value's sizes and strides (custom
+// sizes/strides policy), so each view output gets the strides and storage offset that running
+// the view op on a meta tensor with its input's layout gives (layouts compose along view
+// chains). Buffers keep the layout their CPU kernel gave them; the few ops that interpret
+// strides (as_strided_copy/scatter on a root, which is described as contiguous) get contiguous
+// inputs at replay (executable.cc). (torch 1.13's autograd also replayed views through these
+// strides; torch 2.x replays functional views with view functions instead.)
 void ApplyViewLayout(const OpPlan& plan, const LazyImpl* in, torch::jit::Stack meta_stack,
                      const std::vector<at::Tensor>& outputs) {
   if (!plan.view_op || !in || outputs.empty()) return;

@@ -1,7 +1,7 @@
 // Swapping the data behind an spmd tensor, keeping the tensor object: what `t.data = new` does
-// for CPU tensors (torch 1.13's `.data =` is silently ignored on functional tensors, because
-// FunctionalTensorWrapper does not override shallow_copy_from). PyTorch/XLA's FSDP frees and
-// rebuilds full parameters this way (`torch_xla._XLAC._replace_xla_tensor`).
+// for CPU tensors, also across shapes and dtypes and without bumping the version counter
+// (torch 1.13 ignored `.data =` on functional tensors altogether). PyTorch/XLA's FSDP frees
+// and rebuilds full parameters this way (`torch_xla._XLAC._replace_xla_tensor`).
 #pragma once
 #include <ATen/Tensor.h>
 

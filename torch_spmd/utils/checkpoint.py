@@ -12,8 +12,9 @@ backward use. That is why XLA's version needs an optimization barrier and this o
 back-propagated; FSDP reads it to keep a module's full parameters gathered between the
 recomputation and its backward instead of freeing and re-gathering them.
 
-Random ops on the spmd device draw from the host generator when the step executes, not when
-recorded, so ``preserve_rng_state`` cannot make a recomputed dropout mask equal the forward one.
+Random ops on the spmd device draw their seeds from the host's default generator when they are
+recorded (``torch.spmd``'s RNG state is that generator's), so with ``preserve_rng_state=True``
+(the default) a recomputed dropout mask equals the forward one, as on CPU and CUDA.
 """
 import inspect
 

@@ -178,9 +178,8 @@ class _BackwardHooksMixin:
                 assert p_shard.grad.shape == reduced_grad.shape
                 p_shard.grad += reduced_grad
 
-        # Not grad_flat.detach(): in torch 1.13 a detached copy of a functional *view* (flatten
-        # returns one when no padding is needed) of a tensor mutated in place (the predivide
-        # above) regenerates from the view's base without the view, i.e. with the wrong shape.
+        # Not grad_flat.detach(): a detached functional *view* (flatten returns one when no
+        # padding is needed) becomes a copy (backend.cc), which costs a buffer for nothing.
         # Under no_grad, with a gradient that does not require grad, there is nothing to detach.
         self.reduce_scatter_op(grad_flat, reduce_scatter_done, predivide)
         if self._post_backward_hooks_to_call == 0:

@@ -5,9 +5,9 @@ A parameter is flattened (or kept by rows with ``shard_param_on_dim_0``), zero-p
 multiple of ``world_size * _shard_size_multiple`` elements and cut into equal slices; the rank's
 slice is a new ``nn.Parameter`` registered on the FSDP instance. The original parameter object
 stays on its module, holding a one-element placeholder while "freed" and the all-gathered full
-value while gathered: ``_C._replace_data`` swaps its data in place (``.data =`` is ignored on
-torch 1.13's functional tensors), so autograd, which saved that object, sees whichever is
-current.
+value while gathered: ``_C._replace_data`` swaps its data in place (also where a shape or
+dtype change would make ``.data =`` refuse), so autograd, which saved that object, sees
+whichever is current.
 """
 from typing import List, Optional
 

@@ -1,6 +1,6 @@
 """``XLAShardedTensor`` (a torch.Tensor wrapper carrying a sharded spmd tensor) and ``XLAShard``.
 
-torch 1.13 has no DTensor, so the wrapper follows the XLAShardedTensor RFC: a
+As in PyTorch/XLA (not a DTensor), the wrapper follows the XLAShardedTensor RFC: a
 ``_make_wrapper_subclass`` whose ``__torch_dispatch__`` runs every op on the wrapped
 ``global_tensor`` and wraps spmd tensor results again.
 """
