@@ -10,6 +10,7 @@
 
 #include "aten/backend.h"
 #include "aten/lazy_tensor.h"
+#include "aten/recorder.h"
 #include "aten/sync.h"
 #include "core/metrics.h"
 #include "runtime/compile_cache.h"
@@ -54,6 +55,7 @@ void BindDevices(py::module_& m) {
 void BindGraph(py::module_& m) {
   m.def("_init", &aten::RegisterBackend);
   m.def("_num_captured_ops", &aten::NumCapturedOps);
+  m.def("_recorded_off_main_thread", &aten::RecordedOffMainThread);
   m.def("_is_spmd_tensor", [](const at::Tensor& t) { return aten::TryGetLazyImpl(t) != nullptr; });
   m.def("_mark_step", [] {
     Count("MarkStep");

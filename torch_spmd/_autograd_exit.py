@@ -14,18 +14,28 @@ engine so that it carries no Python object: the worker drops each graph task bef
 the next one, so once this backward is done the earlier ones are gone.
 """
 import atexit
+import time
 
 import torch
 
+from . import _C
 from ._device import device
 
 def _drain_autograd_worker() -> None:
+    # Only if the worker exists: starting it now would race with finalization itself.
+    if not _C._recorded_off_main_thread():
+        return
     try:
+        if torch._C._is_key_in_tls("context"):
+            torch._C._remove_obj_from_tls("context")
         with torch.enable_grad():
-            x = torch.zeros((), device=device()).requires_grad_()
-            y = x * 1.0
-            torch.autograd.Variable._execution_engine.run_backward(
-                (y,), (torch.ones((), device=device()),), False, False, (x,), True, False)
+            for _ in range(2):  # the second makes the worker drop the first
+                x = torch.zeros((), device=device()).requires_grad_()
+                y = x * 1.0
+                torch.autograd.Variable._execution_engine.run_backward(
+                    (y,), (torch.ones((), device=device()),), False, False, (x,), True, False)
+        # The worker drops the last one right after finishing it: give it the GIL meanwhile.
+        time.sleep(0.02)
     except Exception:  # never fail a process at exit over this
         pass
 

@@ -130,9 +130,9 @@ bool CheckMutationDevices(const c10::OperatorHandle& op, const torch::jit::Stack
     if (v.isTensor()) visit(v.toTensor());
     else if (v.isTensorList())
       for (const at::Tensor& t : v.toTensorList()) visit(t);
-    else if (v.isList())
+    else if (v.isList())  // Tensor?[]: index tensors, which may live on the host (as with CUDA)
       for (const c10::IValue& e : v.toListRef())
-        if (e.isTensor()) visit(e.toTensor());
+        if (e.isTensor() && F::isFunctionalTensor(e.toTensor())) any_functional = true;
   }
   if (!any_functional || !host) return false;
   if (op.schema().name() == "aten::copy_") {

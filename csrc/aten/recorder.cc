@@ -5,6 +5,8 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <atomic>
+#include <thread>
 #include <sstream>
 
 #include "aten/lazy_tensor.h"
@@ -127,7 +129,9 @@ class ArgConverter {
             continue;
           }
           c10::IValue meta;
-          Arg ea = ConvertTensor(e.toTensor(), &meta, nullptr);
+          // Tensor?[] is the indices of index/index_put, which may live on the host, as with
+          // CUDA.
+          Arg ea = ConvertTensor(e.toTensor(), &meta, nullptr, /*host_ok=*/true);
           if (ea.kind != Arg::Kind::kTensor) unsupported = true;
           a.ints.push_back(ea.i);
           meta_list.push_back(meta.toTensor());
@@ -216,7 +220,8 @@ class ArgConverter {
     }
   }
 
-  Arg ConvertTensor(const at::Tensor& t, c10::IValue* meta, LazyImpl** impl_out) {
+  Arg ConvertTensor(const at::Tensor& t, c10::IValue* meta, LazyImpl** impl_out,
+                    bool host_ok = false) {
     if (!t.defined()) {
       *meta = c10::IValue();
       Mix(5);
@@ -244,6 +249,11 @@ class ArgConverter {
       *meta = at::empty({}, t.options().device(c10::kMeta));
       Mix(HashInt(static_cast<int64_t>(t.scalar_type())));
       return AddInput(UploadValue(t));
+    }
+    if (host_ok && t.device().is_cpu()) {  // uploaded as a constant of this graph
+      *meta = at::empty(t.sizes(), t.options().device(c10::kMeta));
+      Mix(HashCombine(HashInt(static_cast<int64_t>(t.scalar_type())), HashInts(t.sizes().vec())));
+      return AddInput(UploadValue(t.contiguous()));
     }
     DeviceMismatch(t);
   }
@@ -500,7 +510,17 @@ void AnswerFromMetadata(OpPlan& plan, torch::jit::Stack* stack) {
   for (c10::IValue& v : meta) stack->push_back(std::move(v));
 }
 
+namespace {
+const std::thread::id g_import_thread = std::this_thread::get_id();  // Python's main thread
+std::atomic<bool> g_recorded_off_main{false};
+}  // namespace
+
+bool RecordedOffMainThread() { return g_recorded_off_main.load(std::memory_order_relaxed); }
+
 void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // torch's autograd runs device backward on a worker thread (see torch_spmd/_autograd_exit.py).
+  if (std::this_thread::get_id() != g_import_thread)
+    g_recorded_off_main.store(true, std::memory_order_relaxed);
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   OpPlan& plan = GetOpPlan(op);
   if (plan.special) return plan.special(plan, stack);

@@ -11,6 +11,10 @@ namespace spmd::aten {
 
 void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Whether an op was recorded on a thread other than the one that imported torch_spmd (torch's
+// autograd device thread, when a backward pass ran on the device).
+bool RecordedOffMainThread();
+
 // Records `op` as one IR node (the generic path of LazyFallback).
 void RecordOp(OpPlan& plan, torch::jit::Stack* stack);
 

@@ -885,3 +885,25 @@ def test_max_min_over_padded_sharded_dim_of_integers(dtype):
     mesh = mesh_of((8,))
     x = (torch.arange(10) % 7).to(dtype)
     check(lambda t: (t.amax(0), t.amin(0), t.max(), t.min()), [x], [("x",)], mesh, poison=False)
+
+
+@pytest.mark.parametrize("spec", [None, ("x", None)])
+def test_host_index_tensors_as_with_cuda(spec):
+    # index/index_put accept index tensors on the host next to a device self, as CUDA does;
+    # other ops still refuse host tensors of dim > 0.
+    mesh = mesh_of((8,))
+    rows, mask = torch.tensor([0, 5, 15, 5]), torch.arange(16) % 3 == 0
+
+    def fn(x):
+        y = x.clone()
+        y[rows[:2]] = 7.0
+        y.index_put_((rows,), torch.ones_like(x[rows]), accumulate=True)
+        return x[rows], x[:, torch.tensor([2, 0])], y
+
+    # (indexing a sharded dim gathers it, whichever side the indices live on)
+    check(fn, [T(16, 3)], [spec], mesh, fallback_ok=True)
+    from spmd_diff import to_device
+    x = to_device(T(16, 3), mesh, spec, poison=False)
+    assert torch.equal(x[mask].cpu(), T(16, 3)[mask])
+    with pytest.raises(RuntimeError, match="same device"):
+        x + torch.ones(16, 3, dtype=torch.float64)

@@ -7,19 +7,36 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SCRIPT = """
+BACKWARD = """
 import torch, torch_spmd
 x = torch.ones(10, device="spmd", requires_grad=True)
 (x * 3).sum().backward()
 assert x.grad.cpu().eq(3).all()
 """
+# No backward: the exit path must not start torch's autograd device thread itself (a thread
+# starting during finalization aborts the same way).
+FORWARD_ONLY = """
+import torch, torch_spmd
+x = torch.arange(20.).view(5, 4).to("spmd")
+assert (x * 2).sum().item() == 380.0
+"""
+
+
+def _exit_codes(script, runs):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    codes = []
+    for _ in range(runs):
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=120)
+        codes.append((r.returncode, r.stderr[-300:]))
+    return codes
 
 
 def test_backward_then_exit_never_aborts():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    codes = []
-    for _ in range(10):
-        r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                           text=True, timeout=120)
-        codes.append((r.returncode, r.stderr[-300:]))
+    codes = _exit_codes(BACKWARD, 10)
+    assert all(code == 0 for code, _ in codes), codes
+
+
+def test_forward_only_exit_never_aborts():
+    codes = _exit_codes(FORWARD_ONLY, 10)
     assert all(code == 0 for code, _ in codes), codes
