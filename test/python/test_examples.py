@@ -69,3 +69,23 @@ def test_fsdp_nested_checkpointing_and_consolidation(tmp_path):
     assert m and m.group(1) == m.group(2), lines[-1]
     assert (tmp_path / "final_ckpt_consolidated.pth").exists()
     assert len(list(tmp_path.glob("final_ckpt_rank-*-of-00000002.pth"))) == 2
+
+
+def test_demo_learns_like_cpu_and_reports_the_sharded_step():
+    lines = run_example("demo.py", "--steps", "30")
+    header = lines.index(next(l for l in lines if l.split()[:3] == ["step", "spmd", "loss"]))
+    rows = []
+    for line in lines[header + 1:]:
+        parts = line.split()
+        if len(parts) != 4 or not parts[0].isdigit():
+            break
+        rows.append((int(parts[0]), float(parts[1]), float(parts[2])))
+    assert len(rows) >= 5 and rows[-1][0] == 29, rows
+    for step, spmd, cpu in rows:
+        assert abs(spmd - cpu) <= 1e-5 * max(1.0, abs(cpu)), (step, spmd, cpu)
+    assert rows[-1][1] < rows[0][1] - 0.3, f"the loss did not fall: {rows}"
+    text = "\n".join(lines)
+    # What a sharded run is for: layouts, collectives and per-device memory.
+    assert re.search(r"0\.weight\s+\(256, 32\)\s+\{devices=", text), text
+    assert re.search(r"all-reduce\s+x\d+", text), text
+    assert sum(1 for l in lines if re.match(r"\s+device \d: ", l)) == 8, text
