@@ -5,7 +5,6 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-
 #include <torch/library.h>
 
 #include <memory>
@@ -147,6 +146,8 @@ bool CheckMutationDevices(const c10::OperatorHandle& op, const torch::jit::Stack
 struct WrappedKernel {
   c10::KernelFunction original;
   FixKind kind;
+  // kInplaceList: the functional variant (`X` for `X_`), when torch has one.
+  c10::optional<c10::OperatorHandle> functional;
 };
 
 std::unordered_map<const c10::FunctionSchema*, WrappedKernel>& WrappedKernels() {
@@ -172,7 +173,7 @@ void ApplyQueuedUpdates(const at::Tensor& t) {
 // each result to its list element. Each element keeps its sharding annotation and has its
 // queued updates applied, as single-tensor in-place ops do.
 void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                        torch::jit::Stack* stack, const c10::KernelFunction& original) {
+                        torch::jit::Stack* stack, const WrappedKernel& k) {
   namespace F = at::functionalization::impl;
   const c10::FunctionSchema& schema = op.schema();
   const auto& args = schema.arguments();
@@ -184,26 +185,7 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     else if (v.isTensorList())
       for (const at::Tensor& t : v.toTensorList()) any_functional |= F::isFunctionalTensor(t);
   }
-  static auto* functional_ops =
-      new std::unordered_map<const c10::FunctionSchema*, c10::optional<c10::OperatorHandle>>();
-  static std::mutex mu;
-  c10::optional<c10::OperatorHandle> functional;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = functional_ops->find(&schema);
-    if (it == functional_ops->end()) {
-      std::string name = schema.name();
-      it = functional_ops
-               ->emplace(&schema, name.back() == '_'
-                                      ? c10::Dispatcher::singleton().findSchema(
-                                            {name.substr(0, name.size() - 1),
-                                             schema.overload_name()})
-                                      : c10::nullopt)
-               .first;
-    }
-    functional = it->second;
-  }
-  if (!any_functional || !functional) return original.callBoxed(op, ks, stack);
+  if (!any_functional || !k.functional) return k.original.callBoxed(op, ks, stack);
 
   std::vector<std::pair<at::Tensor, SlotPtr>> written;  // every written element, in order
   torch::jit::Stack call;
@@ -231,7 +213,7 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   }
   {
     at::AutoDispatchSkipFunctionalize guard;
-    functional->callBoxed(&call);
+    k.functional->callBoxed(&call);
   }
   std::vector<at::Tensor> results;
   for (const c10::IValue& v : call)
@@ -281,7 +263,7 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
   }
   if (k.kind == FixKind::kInplaceList) {
     CheckMutationDevices(op, *stack, num_args);  // (copy_ is not a list op)
-    return UpdateListsInPlace(op, ks, stack, k.original);
+    return UpdateListsInPlace(op, ks, stack, k);
   }
   if (k.kind == FixKind::kInplace || k.kind == FixKind::kOut) {
     if (CheckMutationDevices(op, *stack, num_args)) {
@@ -345,11 +327,15 @@ void WrapFunctionalizeKernels(torch::Library& lib) {
     if (!op || !op->hasSchema()) continue;
     auto kind = ClassifyForFix(name, op->schema());
     if (!kind || !op->hasKernelForDispatchKey(c10::DispatchKey::Functionalize)) continue;
+    c10::optional<c10::OperatorHandle> functional;
+    if (*kind == FixKind::kInplaceList && name.name.back() == '_')
+      functional = dispatcher.findSchema(
+          {name.name.substr(0, name.name.size() - 1), name.overload_name});
     WrappedKernels().emplace(
         &op->schema(),
         WrappedKernel{c10::TypedOperatorHandle<KernelPeek>::Lookup(
                           *op, c10::DispatchKey::Functionalize),
-                      *kind});
+                      *kind, functional});
     std::string short_name = name.name.substr(6);
     if (!name.overload_name.empty()) short_name += "." + name.overload_name;
     lib.impl(short_name.c_str(),
