@@ -6,4 +6,5 @@ namespace spmd {
 void BindSharding(pybind11::module_& m);
 void BindCollectives(pybind11::module_& m);
 void BindReplica(pybind11::module_& m);
+void BindPlan(pybind11::module_& m);
 }  // namespace spmd

@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <chrono>
+#include <map>
 
 #include "bindings.h"
 
@@ -14,6 +15,7 @@
 #include "aten/sync.h"
 #include "core/metrics.h"
 #include "runtime/compile_cache.h"
+#include "runtime/device_data.h"
 #include "runtime/device_set.h"
 
 namespace py = pybind11;
@@ -74,6 +76,8 @@ void BindGraph(py::module_& m) {
   });
   m.def("_graph_text", &aten::PendingGraphText);
   m.def("_partitioned_program", &aten::PartitionedProgramText);
+  m.def("_set_defer_output_reductions", &aten::SetDeferOutputReductions);
+  m.def("_defer_output_reductions", &aten::DeferOutputReductions);
   m.def("_last_step_stats", [] {
     partition::ProgramStats s = aten::LastStepStats();
     auto to_list = [](const std::vector<partition::CollectiveStat>& stats) {
@@ -93,12 +97,41 @@ void BindGraph(py::module_& m) {
     d["pending_reductions"] = to_list(s.pending_reductions);
     d["peak_bytes_per_device"] = s.peak_bytes_per_device;
     d["flops_per_device"] = s.flops_per_device;
+    d["model_flops"] = s.model_flops;
+    d["peak_op"] = s.peak_op;
+    py::list costs;
+    for (const auto& c : s.op_costs)
+      costs.append(py::make_tuple(c.op, c.flops, c.model_flops, c.bytes, DTypeName(c.dtype)));
+    // (op, flops per device, model flops, bytes per device, result dtype)
+    d["op_costs"] = costs;
+    d["resident_bytes_per_device"] = s.resident_bytes_per_device;
+    d["device_peak_bytes"] = s.device_peak_bytes;
     d["replicated_fallback_ops"] = s.replicated_fallback_ops;
     return d;
   });
   m.def("_compile_cache_size", [] { return runtime::CompileCache::Get().size(); });
   m.def("_clear_compile_cache", [] { runtime::CompileCache::Get().Clear(); });
   m.def("_live_tensor_count", &aten::LiveSlotCount);
+  // The data every live spmd tensor holds, each once: (global shape, dtype, sharding text,
+  // bytes per device, planned, number of tensors pointing at it).
+  m.def("_live_data", [] {
+    std::map<const ir::DataHandle*, std::pair<const runtime::DeviceData*, int>> seen;
+    for (const aten::SlotPtr& s : aten::LiveSlots())
+      if (s->value.valid() && s->value.node->is_data()) {
+        auto* d = static_cast<const runtime::DeviceData*>(s->value.node->data().get());
+        auto& e = seen[d];
+        e.first = d;
+        ++e.second;
+      }
+    py::list out;
+    for (const auto& [key, e] : seen) {
+      const runtime::DeviceData* d = e.first;
+      out.append(py::make_tuple(d->type().shape, DTypeName(d->type().dtype),
+                                d->sharding().valid() ? d->sharding().ToString() : "",
+                                d->BytesPerDevice(), d->planned(), e.second));
+    }
+    return out;
+  });
   // Seconds to call the boxed CPU kernel of aten::add.Tensor on 4x4 floats `n` times: the
   // kernel cost that benchmarks/overhead.py subtracts from per-node replay time.
   m.def("_time_boxed_add", [](int64_t n) {
@@ -139,4 +172,5 @@ PYBIND11_MODULE(_C, m) {
   spmd::BindSharding(m);
   spmd::BindCollectives(m);
   spmd::BindReplica(m);
+  spmd::BindPlan(m);
 }

@@ -13,8 +13,9 @@ In multi-process mode (``torch_spmd.distributed.xla_multiprocessing.spawn``) eac
 replica with one emulated device; the logical counts and ordinals then describe the world of
 processes, while the runtime device counts stay those of this process's device set.
 """
+import contextlib
 import os
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 from . import _C
 from . import _world as world_state
@@ -138,3 +139,74 @@ def configure_devices(num_devices: int, memory: Union[int, str, None] = None) ->
     # device buffers of their first inputs, which would block the reconfiguration.
     _C._clear_compile_cache()
     _C._configure_devices(int(num_devices), memory)
+
+
+def local_process_count() -> int:
+    """Processes on this host: 1, or ``LOCAL_WORLD_SIZE`` in multi-process mode."""
+    world = _world()
+    return world.local_world_size if world is not None else 1
+
+
+def local_device_count() -> int:
+    """Logical devices on this host (``local_process_count() * addressable_device_count()``)."""
+    return local_process_count() * addressable_device_count()
+
+
+def is_bf16_supported() -> bool:
+    """bfloat16 tensors work on the spmd device."""
+    return True
+
+
+def get_master_ip() -> str:
+    """There is one host: ``'127.0.0.1'`` (``MASTER_ADDR`` in multi-process mode if set)."""
+    return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+
+_CACHE_PATH: Optional[str] = None
+
+
+def initialize_cache(path: str, readonly: bool = False) -> None:
+    """Accepted for PyTorch/XLA compatibility: torch_spmd's compile cache lives in memory only
+    (it is keyed by graph and sharding; nothing is written to ``path``), so a new process
+    compiles again. Results are unaffected."""
+    global _CACHE_PATH
+    _CACHE_PATH = path
+
+
+def set_defer_output_reductions(defer: bool) -> None:
+    """Opt-in to let a step hand back pending partial sums (default False).
+
+    By default torch_spmd follows GSPMD: every value a step (``mark_step``) returns is complete,
+    a partial sum (a contraction or reduction over a sharded dim) is reduced inside the step,
+    reduce-scattered when its sharding tiles the reduced axis, all-reduced otherwise, so a
+    step's collectives and bytes are those the pod runs. With ``defer=True`` such an output
+    stays a partial sum on the devices (listed in ``last_step_stats()['pending_reductions']``)
+    and is reduced by the step that reads it, or when it is read on the host: gradient
+    accumulation over several steps then communicates once. Results are the same either way;
+    programs compiled under each setting are cached separately.
+    """
+    _C._set_defer_output_reductions(bool(defer))
+
+
+def defers_output_reductions() -> bool:
+    """Whether steps may hand back pending partial sums (``set_defer_output_reductions``)."""
+    return _C._defer_output_reductions()
+
+
+@contextlib.contextmanager
+def defer_output_reductions(defer: bool = True) -> Iterator[None]:
+    """``set_defer_output_reductions(defer)`` for the steps run inside the block, e.g.::
+
+      with xr.defer_output_reductions():
+          for micro in batches:           # gradients accumulate as partial sums
+              loss_fn(model(micro)).backward()
+              xm.mark_step()
+      optimizer.step()                     # reduced once, where the update reads them
+      xm.mark_step()
+    """
+    previous = defers_output_reductions()
+    set_defer_output_reductions(defer)
+    try:
+        yield
+    finally:
+        set_defer_output_reductions(previous)

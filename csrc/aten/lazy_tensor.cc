@@ -125,6 +125,16 @@ std::vector<SlotPtr> PendingSlots() {
   return out;
 }
 
+std::vector<SlotPtr> LiveSlots() {
+  SlotRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.Compact();
+  std::vector<SlotPtr> out;
+  for (const auto& w : r.slots)
+    if (SlotPtr s = w.lock()) out.push_back(std::move(s));
+  return out;
+}
+
 int64_t LiveSlotCount() {
   SlotRegistry& r = Registry();
   std::lock_guard<std::mutex> lock(r.mu);

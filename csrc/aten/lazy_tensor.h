@@ -62,6 +62,8 @@ void SetSlotValue(const SlotPtr& slot, ir::Value value);
 
 // Every live slot whose value is still pending (not a data node).
 std::vector<SlotPtr> PendingSlots();
+// Every live slot.
+std::vector<SlotPtr> LiveSlots();
 // Number of live spmd tensors (for tests and debugging).
 int64_t LiveSlotCount();
 

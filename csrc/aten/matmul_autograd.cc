@@ -1,10 +1,6 @@
-// torch.matmul on two >= 3-D tensors with the same batch dims is recorded as ONE node, with its
-// own autograd. Its composite definition folds the batch dims into one for bmm
-// ([B,H,S,D] -> [B*H,S,D]); a folded dim can only carry a sharding when the sharded factor is
-// its major part, so attention with heads sharded (Megatron) or 2-D sharding would gather the
-// activations at every fold. As one node, each batch dim keeps its own factor (the matmul
-// rule is the same contraction rule as bmm's, with several batch dims), like XLA's dot_general.
-// Other shapes (matrix x vector, broadcast batch dims) keep the composite definition.
+// torch.matmul recorded as ONE node with its own autograd, when the matmul rule says so
+// (partition/rules/matmul.h: two >= 3-D operands with equal batch dims). Other shapes keep the
+// composite definition.
 #include <ATen/ATen.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/matmul_native.h>
@@ -17,17 +13,11 @@
 #include "aten/lazy_tensor.h"
 #include "aten/op_plan.h"
 #include "aten/recorder.h"
+#include "partition/rules/matmul.h"
 
 namespace spmd::aten {
 
 namespace {
-
-bool SameBatchDims(const at::Tensor& a, const at::Tensor& b) {
-  if (a.dim() < 3 || a.dim() != b.dim()) return false;
-  for (int64_t d = 0; d + 2 < a.dim(); ++d)
-    if (a.size(d) != b.size(d)) return false;
-  return true;
-}
 
 class BatchedMatmul : public torch::autograd::Function<BatchedMatmul> {
  public:
@@ -67,7 +57,9 @@ class BatchedMatmul : public torch::autograd::Function<BatchedMatmul> {
 };
 
 at::Tensor MatmulAutograd(const at::Tensor& a, const at::Tensor& b) {
-  if (SameBatchDims(a, b)) return BatchedMatmul::apply(a, b);
+  if (partition::RecordMatmulWhole(Shape(a.sizes().begin(), a.sizes().end()),
+                                   Shape(b.sizes().begin(), b.sizes().end())))
+    return BatchedMatmul::apply(a, b);
   return at::native::matmul(a, b);  // the composite definition, differentiated op by op
 }
 

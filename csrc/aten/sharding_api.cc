@@ -12,6 +12,7 @@
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "runtime/device_data.h"
+#include "runtime/plan_mode.h"
 
 namespace spmd::aten {
 
@@ -51,7 +52,7 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
   if (slot->value.node->is_data()) {
     runtime::DeviceDataPtr data = DataOf(slot->value);
     const Sharding& current = data->sharding();
-    if (current.valid() && current == sharding) return;
+    if (current.valid() && current.SamePlacement(sharding)) return;  // re-marking: a no-op
     TORCH_CHECK(IsReplicatedOrNone(current),
                 "Existing annotation must be cleared first: the tensor is sharded as ",
                 current.ToString(), ", requested ", sharding.ToString());
@@ -123,6 +124,7 @@ std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t);
   runtime::DeviceDataPtr data = Materialize(impl->slot());
+  if (data->planned()) throw runtime::PlannedDataError("read its local shards");
   if (data->sharding().valid() && data->sharding().IsPartial()) {
     // Shards of a pending partial sum are not pieces of the tensor: reduce them first.
     data = data->Relayout(data->sharding().WithoutPartial());
@@ -189,10 +191,13 @@ void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards)
     at::Tensor shard = shards[dev];
     TORCH_CHECK(shard.sizes().vec() == want, "Input shard shape must include padding: ",
                 shard.sizes(), " vs ", c10::IntArrayRef(want));
+    if (runtime::Planning()) continue;  // a plan keeps shapes only
     buffers.push_back(runtime::MakeBuffer(
         dev, shard.to(runtime::ToScalarType(type.dtype)).contiguous().clone(), "loaded shard"));
   }
-  auto data = std::make_shared<runtime::DeviceData>(type, s, std::move(buffers));
+  auto data = runtime::Planning()
+                  ? runtime::DeviceData::Planned(type, s)
+                  : std::make_shared<runtime::DeviceData>(type, s, std::move(buffers));
   SetSlotValue(impl->slot(), ir::Value{ir::MakeDataNode(data), 0});
 }
 

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/metrics.h"
+#include "ir/internal_ops.h"
+#include "partition/cost.h"
 #include "partition/partitioner.h"
 #include "runtime/compile_cache.h"
+#include "runtime/plan_mode.h"
 
 namespace spmd::aten {
 
@@ -22,17 +26,32 @@ partition::ProgramStats& LastStats() {
   return *stats;
 }
 
+partition::PartitionOptions& Options() {
+  static auto* options = new partition::PartitionOptions();
+  return *options;
+}
+
 std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   auto& cache = runtime::CompileCache::Get();
-  if (auto exe = cache.Lookup(graph.key)) {
+  const Hash key = HashCombine(graph.key, Options().Key());
+  if (auto exe = cache.Lookup(key)) {
     Count("CachedCompile");
     return exe;
   }
   Count("UncachedCompile");
   ScopedTimer timer("CompileTime");
-  auto exe = std::make_shared<runtime::Executable>(partition::PartitionGraph(graph, runtime::DeviceSet::Get().num_devices()));
-  cache.Insert(graph.key, exe);
+  auto exe = std::make_shared<runtime::Executable>(
+      partition::PartitionGraph(graph, runtime::DeviceSet::Get().num_devices(), Options()));
+  cache.Insert(key, exe);
   return exe;
+}
+
+// Whether a parameter's data must be relaid out (through a private copy) for the program.
+bool NeedsRelayout(const ir::NodePtr& param, const Sharding& expected) {
+  auto data = std::static_pointer_cast<runtime::DeviceData>(param->data());
+  bool want_replicated = !expected.valid() || expected.IsReplicated();
+  if (data->is_replicated() && want_replicated) return false;
+  return want_replicated || !data->sharding().valid() || data->sharding() != expected;
 }
 
 // The device data of a parameter, laid out as the program expects it.
@@ -68,8 +87,10 @@ std::vector<bool> DonatableParams(
     for (const ir::Value& in : n->inputs()) ++internal[in.node.get()];
   }
   for (const ir::Value& v : outputs) {
-    // outputs, graph.outputs, the slots_of key, and each synced slot's value.
-    internal[v.node.get()] += 3 + static_cast<long>(slots_of.at(v).size());
+    // outputs, graph.outputs, the slots_of key, and each synced slot's value (which may be
+    // the input of v, see MergeAnnotatedCopies).
+    internal[v.node.get()] += 3;
+    for (const SlotPtr* s : slots_of.at(v)) ++internal[(*s)->value.node.get()];
   }
   std::vector<const ir::Node*> stack;
   std::unordered_map<const ir::Node*, bool> reachable;
@@ -89,6 +110,98 @@ std::vector<bool> DonatableParams(
   return donated;
 }
 
+// Bytes each device holds in the data of live tensors (each data counted once, whether
+// planned or real): what stays resident between steps.
+// `skip`: data not to count (a step's own parameters).
+int64_t ResidentBytesPerDevice(std::unordered_set<const ir::DataHandle*> skip = {}) {
+  int64_t bytes = 0;
+  for (const SlotPtr& s : LiveSlots()) {
+    if (!s->value.valid() || !s->value.node->is_data()) continue;
+    const ir::DataHandle* data = s->value.node->data().get();
+    if (!skip.insert(data).second) continue;
+    bytes += static_cast<const runtime::DeviceData*>(data)->BytesPerDevice();
+  }
+  return bytes;
+}
+
+// Bytes of live tensors a step does not read, which stay on the devices while it runs.
+int64_t BytesBesideStep(const ir::Graph& graph) {
+  std::unordered_set<const ir::DataHandle*> params;
+  for (const ir::NodePtr& p : graph.params) params.insert(p->data().get());
+  return ResidentBytesPerDevice(std::move(params));
+}
+
+// A value v and its annotated form constraint(v) both requested (an in-place update gives the
+// updated tensor's slot constraint(v) to keep its annotation, while another tensor sharing the
+// storage, e.g. functionalization's base, still points at v) are the same values: both slots
+// get the annotated result instead of v being materialised a second time.
+void MergeAnnotatedCopies(
+    std::vector<ir::Value>& outputs,
+    std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
+  const ir::OpInfo* constraint = ir::InternalOps::Get().sharding_constraint;
+  std::vector<ir::Value> merged;
+  for (const ir::Value& out : outputs) {
+    if (out.node->op() != constraint) continue;
+    const ir::Value& in = out.node->input(0);
+    auto it = slots_of.find(in);
+    if (it == slots_of.end()) continue;
+    auto& users = slots_of[out];
+    users.insert(users.end(), it->second.begin(), it->second.end());
+    slots_of.erase(it);
+    merged.push_back(in);
+  }
+  if (merged.empty()) return;
+  outputs.erase(std::remove_if(outputs.begin(), outputs.end(),
+                               [&](const ir::Value& v) {
+                                 return std::find(merged.begin(), merged.end(), v) != merged.end();
+                               }),
+                outputs.end());
+}
+
+// The step's memory figures, with the parameters this run donates freed after their last use
+// (a program's own peak_bytes_per_device assumes none is).
+void RecordStepMemory(const partition::Program& program, const std::vector<bool>& donated,
+                      int64_t beside) {
+  partition::ProgramStats& stats = LastStats();
+  stats = program.stats;
+  int64_t at = 0;
+  stats.peak_bytes_per_device = partition::PeakBytesPerDevice(program, &at, &donated);
+  if (!program.nodes.empty()) stats.peak_op = program.nodes[at]->op()->qualified;
+  stats.resident_bytes_per_device = ResidentBytesPerDevice();
+  stats.device_peak_bytes = beside + stats.peak_bytes_per_device;
+}
+
+// Plan mode: the step is partitioned (and cached) like a real one, then analysed instead of
+// run; its outputs become planned data in the layouts the program produces them in.
+void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
+              const std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
+  static auto* cache = new std::unordered_map<Hash, std::shared_ptr<const partition::Program>>();
+  const Hash key = HashCombine(graph.key, Options().Key());
+  auto it = cache->find(key);
+  if (it == cache->end()) {
+    Count("UncachedCompile");
+    ScopedTimer timer("CompileTime");
+    it = cache->emplace(key, std::make_shared<const partition::Program>(partition::PartitionGraph(
+                                 graph, runtime::DeviceSet::Get().num_devices(), Options())))
+             .first;
+  } else {
+    Count("CachedCompile");
+  }
+  const partition::Program& program = *it->second;
+  Count("PlanGraph");
+  const int64_t beside = BytesBesideStep(graph);
+  // Donated as a run would donate them (SyncSlots): unreachable after the step, or relaid out.
+  std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
+  for (size_t i = 0; i < graph.params.size(); ++i)
+    if (NeedsRelayout(graph.params[i], program.param_shardings[i])) donated[i] = true;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    ir::NodePtr data_node = ir::MakeDataNode(runtime::DeviceData::Planned(
+        program.output_global_types[i], program.output_shardings[i]));
+    for (const SlotPtr* s : slots_of.at(outputs[i])) SetSlotValue(*s, ir::Value{data_node, 0});
+  }
+  RecordStepMemory(program, donated, beside);
+}
+
 }  // namespace
 
 void SyncSlots(const std::vector<SlotPtr>& slots) {
@@ -102,8 +215,13 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
     users.push_back(&s);
   }
   if (outputs.empty()) return;
+  MergeAnnotatedCopies(outputs, slots_of);
 
   ir::Graph graph = ir::BuildGraph(outputs);
+  if (runtime::Planning()) return PlanStep(graph, outputs, slots_of);
+  for (const ir::NodePtr& p : graph.params)
+    if (std::static_pointer_cast<runtime::DeviceData>(p->data())->planned())
+      throw runtime::PlannedDataError("run a step that reads it");
   auto exe = GetExecutable(graph);
   const partition::Program& program = exe->program();
   std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
@@ -117,6 +235,7 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
   int64_t num_donated = std::count(donated.begin(), donated.end(), true);
   if (num_donated) Count("DonatedInputs", num_donated);
 
+  const int64_t beside = BytesBesideStep(graph);
   std::vector<runtime::DeviceDataPtr> results;
   {
     ScopedTimer timer("ExecuteTime");
@@ -124,11 +243,11 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
   }
   Count("ExecuteGraph");
   for (const auto& [op, count] : program.stats.replicated_fallback_ops) Count("ReplicatedFallback", count);
-  LastStats() = program.stats;
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::NodePtr data_node = ir::MakeDataNode(results[i]);
     for (const SlotPtr* s : slots_of[outputs[i]]) SetSlotValue(*s, ir::Value{data_node, 0});
   }
+  RecordStepMemory(program, donated, beside);
 }
 
 void SyncAll() {
@@ -162,7 +281,19 @@ std::string PendingGraphText(const std::vector<at::Tensor>& tensors) {
 
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors)), runtime::DeviceSet::Get().num_devices()).ToText();
+  return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors)),
+                                   runtime::DeviceSet::Get().num_devices(), Options())
+      .ToText();
+}
+
+void SetDeferOutputReductions(bool defer) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  Options().defer_output_reductions = defer;
+}
+
+bool DeferOutputReductions() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return Options().defer_output_reductions;
 }
 
 partition::ProgramStats LastStepStats() {

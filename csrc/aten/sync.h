@@ -26,6 +26,11 @@ at::Tensor ToHost(const at::Tensor& t);
 std::string PendingGraphText(const std::vector<at::Tensor>& tensors);
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors);
 
+// Whether a step may hand back pending partial sums (see PartitionOptions); part of the
+// compile cache key.
+void SetDeferOutputReductions(bool defer);
+bool DeferOutputReductions();
+
 // Statistics of the most recently executed program (collectives, memory, flops, fallbacks).
 partition::ProgramStats LastStepStats();
 

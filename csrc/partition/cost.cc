@@ -7,7 +7,8 @@
 
 namespace spmd::partition {
 
-int64_t PeakBytesPerDevice(const Program& program) {
+int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node,
+                           const std::vector<bool>* donated) {
   // Per value (node output), as the runtime frees each output slot after its own last reader:
   // a multi-output op's big result may die long before its small sibling (grad_input vs
   // grad_weight of convolution_backward).
@@ -18,7 +19,9 @@ int64_t PeakBytesPerDevice(const Program& program) {
     for (const ir::Value& in : program.nodes[i]->inputs())
       last_use[{in.node.get(), in.index}] = static_cast<int>(i);
   for (const ir::Value& out : program.outputs) last_use[{out.node.get(), out.index}] = end;
-  for (const ir::NodePtr& p : program.params) last_use[{p.get(), 0}] = end;
+  for (size_t i = 0; i < program.params.size(); ++i)
+    if (!donated || i >= donated->size() || !(*donated)[i])
+      last_use[{program.params[i].get(), 0}] = end;  // kept: the caller still holds it
 
   // Sweep: a value's bytes count from its definition to its last use.
   std::vector<int64_t> delta(program.nodes.size() + 2, 0);
@@ -33,41 +36,34 @@ int64_t PeakBytesPerDevice(const Program& program) {
       delta[until + 1] -= t.bytes();
     }
   }
-  int64_t live = 0, peak = 0;
-  for (int64_t d : delta) {
-    live += d;
-    peak = std::max(peak, live);
+  int64_t live = 0, peak = 0, peak_at = 0;
+  for (size_t i = 0; i < delta.size(); ++i) {
+    live += delta[i];
+    if (live > peak) {
+      peak = live;
+      peak_at = static_cast<int64_t>(i);
+    }
   }
+  if (at_node) *at_node = std::min<int64_t>(peak_at, static_cast<int64_t>(program.nodes.size()) - 1);
   return peak;
 }
 
-double LocalOpFlops(const ir::Node& node) {
-  const std::string& name = node.op()->name;
-  auto dims = [&](int input) { return node.input(input).type().shape; };
-  if (node.op()->internal) return 0;
-  if (name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm" ||
-      name == "aten::baddbmm") {
-    bool with_bias = name == "aten::addmm" || name == "aten::baddbmm";
-    Shape a = dims(with_bias ? 1 : 0), b = dims(with_bias ? 2 : 1);
-    double batch = a.size() == 3 ? a[0] : 1;
-    return 2.0 * batch * a[a.size() - 2] * a.back() * b.back();
-  }
-  if (name == "aten::convolution" && node.num_outputs() >= 1) {
-    Shape w = dims(1);
-    double per_output = 1;
-    for (size_t d = 1; d < w.size(); ++d) per_output *= w[d];  // in_channels/groups * kernel
-    return 2.0 * NumElements(node.output(0).shape) * per_output;
-  }
-  if (name == "aten::convolution_backward") {
-    Shape w = dims(2);
-    double per_output = 1;
-    for (size_t d = 1; d < w.size(); ++d) per_output *= w[d];
-    return 4.0 * NumElements(dims(0)) * per_output;  // input and weight gradients
-  }
+double ElementFlops(const std::vector<TensorType>& results) {
   double flops = 0;
-  for (const TensorType& t : node.outputs())
-    if (t.dtype != DType::kUndefined) flops += NumElements(t.shape);
+  for (const TensorType& t : results)
+    if (t.dtype != DType::kUndefined) flops += static_cast<double>(NumElements(t.shape));
   return flops;
+}
+
+double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
+                 const std::vector<TensorType>& results) {
+  if (!rule.flops_per_point) return ElementFlops(results);
+  double points = *rule.flops_per_point;
+  for (size_t f = 0; f < rule.factors.size(); ++f) {
+    const int64_t tiles = f < fa.size() && !fa[f].empty() ? AxesSize(mesh, fa[f]) : 1;
+    points *= static_cast<double>((rule.factors[f].size + tiles - 1) / tiles);  // padded tile
+  }
+  return points;
 }
 
 }  // namespace spmd::partition

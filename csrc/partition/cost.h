@@ -1,16 +1,28 @@
-// Static analysis of a partitioned program, without running it: FLOPs per device (from the
-// rules' iteration spaces) and the per-device peak of live buffer bytes (from liveness).
+// Static analysis of a partitioned program, without running it: the cost of each op (FLOPs
+// from its sharding rule's iteration space, bytes from its local operand and result types)
+// and the per-device peak of live buffer bytes (from liveness).
 #pragma once
+#include "partition/factor_assignment.h"
 #include "partition/program.h"
+#include "partition/rules/rule.h"
 
 namespace spmd::partition {
 
-// Peak bytes held by one device while the program runs: parameters stay live throughout,
-// every other value from its definition to its last use (outputs to the end).
-int64_t PeakBytesPerDevice(const Program& program);
+// Peak bytes held by one device while the program runs: parameters stay live throughout
+// (donated ones, `donated[i]` for program.params[i], only until their last use, as the
+// runtime frees them), every other value from its definition to its last use (outputs to the
+// end). `at_node`, when given, receives the index in program.nodes of the op at which the peak
+// is first reached.
+int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node = nullptr,
+                           const std::vector<bool>* donated = nullptr);
 
-// FLOPs one device spends on a local op: 2 per point of the iteration space for contractions
-// (matmul family, convolution), 1 per output element otherwise.
-double LocalOpFlops(const ir::Node& node);
+// FLOPs of an op whose rule is `rule`, each factor split over the mesh axes `fa` assigns it
+// (FactorAxes of empty lists: the whole op): rule.flops_per_point per point of the iteration
+// space, or one per element of `results` (the result types with the same split applied) when
+// the rule leaves it unset.
+double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
+                 const std::vector<TensorType>& results);
+// One FLOP per result element: ops without a rule (run whole, replicated).
+double ElementFlops(const std::vector<TensorType>& results);
 
 }  // namespace spmd::partition

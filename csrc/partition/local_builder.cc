@@ -27,6 +27,8 @@ ir::Value ProgramBuilder::EmitInternal(const ir::OpInfo* op, const ir::Value& x,
     for (int a : axes) stat.axes.push_back(mesh_->AxisLabel(a));
     stat.group_size = AxesSize(*mesh_, axes);
     stat.bytes = x.type().bytes();
+    stat.first_group = DeviceGroups(*mesh_, axes).at(0);
+    stat.node = node.get();
     collectives_.push_back(std::move(stat));
   }
   return ir::Value{node, 0};

@@ -34,8 +34,8 @@ MeshPtr FindMesh(const ir::Graph& graph) {
 
 class Partitioner {
  public:
-  Partitioner(const ir::Graph& graph, MeshPtr mesh)
-      : graph_(graph), mesh_(mesh), prop_(graph, mesh), builder_(mesh) {
+  Partitioner(const ir::Graph& graph, MeshPtr mesh, const PartitionOptions& options)
+      : graph_(graph), mesh_(mesh), options_(options), prop_(graph, mesh), builder_(mesh) {
     int32_t slot = 0;
     for (const ir::NodePtr& n : graph.nodes)
       for (const ir::Value& in : n->inputs()) ++uses_[{in.node.get(), in.index}];
@@ -59,11 +59,14 @@ class Partitioner {
       }
     }
     for (const ir::Value& out : graph_.outputs) {
-      const LocalValue* local = &Local(out);
-      // A pending sum that the program reduced anyway leaves it reduced.
-      if (local->layout.IsPartial())
-        if (const LocalValue* r = builder_.FindResolved(local->value)) local = r;
-      const LocalValue& v = *local;
+      LocalValue v = Local(out);
+      if (v.layout.IsPartial()) {
+        // A pending sum that the program reduced anyway leaves it reduced.
+        if (const LocalValue* r = builder_.FindResolved(v.value))
+          v = *r;
+        else if (!options_.defer_output_reductions)
+          v = Reshard(builder_, v, CompleteLayout(out, v.layout));
+      }
       program.outputs.push_back(v.value);
       program.output_shardings.push_back(v.layout);
       program.output_global_types.push_back(out.type());
@@ -79,13 +82,42 @@ class Partitioner {
     program.nodes = std::move(builder_.nodes());
     program.stats.collectives = std::move(builder_.collectives());
     program.stats.replicated_fallback_ops = std::move(fallbacks_);
-    for (const ir::NodePtr& n : program.nodes) program.stats.flops_per_device += LocalOpFlops(*n);
-    program.stats.peak_bytes_per_device = PeakBytesPerDevice(program);
+    for (const OpCost& c : costs_) {
+      program.stats.flops_per_device += c.flops;
+      program.stats.model_flops += c.model_flops;
+    }
+    program.stats.op_costs = std::move(costs_);
+    int64_t peak_at = 0;
+    program.stats.peak_bytes_per_device = PeakBytesPerDevice(program, &peak_at);
+    if (!program.nodes.empty()) program.stats.peak_op = program.nodes[peak_at]->op()->qualified;
     return program;
   }
 
  private:
   const LocalValue& Local(const ir::Value& v) const { return locals_.at(v.node.get()).at(v.index); }
+
+  // The layout a partial output `layout` is reduced to: its tiling, plus the tiling its
+  // propagated sharding adds over the pending axes (a reduce-scatter instead of an all-reduce,
+  // e.g. a gradient whose parameter is sharded on the axis its sum runs over).
+  Sharding CompleteLayout(const ir::Value& out, const Sharding& layout) const {
+    Sharding complete = layout.WithoutPartial();
+    const Sharding& wanted = prop_.Get(out);
+    if (!wanted.valid() || wanted.IsPartial() || wanted.mesh() != *mesh_ ||
+        wanted.rank() != complete.rank())
+      return complete;
+    for (int64_t d = 0; d < complete.rank(); ++d) {
+      const AxisList& have = complete.axes(d);
+      const AxisList& want = wanted.axes(d);
+      // Only extensions of the tiling by pending axes: anything else would move data.
+      if (want.size() < have.size() || !std::equal(have.begin(), have.end(), want.begin()))
+        return complete;
+      for (size_t i = have.size(); i < want.size(); ++i)
+        if (std::find(layout.partial_axes().begin(), layout.partial_axes().end(), want[i]) ==
+            layout.partial_axes().end())
+          return complete;
+    }
+    return wanted;
+  }
 
   Sharding Layout(const Sharding& s, int64_t rank) const {
     return s.valid() ? s : Sharding::Replicated(mesh_, rank);
@@ -123,7 +155,7 @@ class Partitioner {
     FactorAxes fa = AssignFactors(*rule, *mesh_, operand_s, operand_t, result_s, result_t);
     if (rule->results_must_replicate) fa.assign(fa.size(), AxisList());
 
-    const int linear_operand = PartialPassingOperand(n, *rule, fa);
+    const std::vector<int> passing = PartialPassingOperands(n, *rule, fa);
     AxisList passed;  // partial-sum axes carried through the op into its results
     std::vector<LocalValue> operands;
     for (size_t i = 0; i < n.inputs().size(); ++i) {
@@ -131,7 +163,7 @@ class Partitioner {
       LocalValue v = Local(n.input(i));
       bool shape_only = i < rule->shape_only_operands.size() && rule->shape_only_operands[i];
       if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
-      if (static_cast<int>(i) == linear_operand) {
+      if (std::find(passing.begin(), passing.end(), static_cast<int>(i)) != passing.end()) {
         // Linear in this operand: move the partial values like whole ones (every reshard step
         // is linear too) and keep the sum pending.
         passed = v.layout.partial_axes();
@@ -154,12 +186,13 @@ class Partitioner {
       Sharding s = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->results[o], fa));
       ReduceOp op = ReduceOp::kSum;
       AxisList partial = PartialAxes(*rule, fa, o, &op);
-      if (!passed.empty()) {  // op is kSum here (checked by PartialPassingOperand)
+      if (!passed.empty()) {  // op is kSum here (checked by PartialPassingOperands)
         partial.insert(partial.end(), passed.begin(), passed.end());
         std::sort(partial.begin(), partial.end());
       }
       result_layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
     }
+    RecordCost(n, &*rule, fa, operands, result_layouts);
     LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
     std::vector<LocalValue> results;
     if (rule->lower) {
@@ -177,42 +210,75 @@ class Partitioner {
     locals_[&n] = std::move(results);
   }
 
-  // The operand whose pending partial sum may pass through node `n` unreduced (see
-  // ShardingRule::linear_operands), or -1.
-  int PartialPassingOperand(const ir::Node& n, const ShardingRule& rule, const FactorAxes& fa) const {
-    int found = -1;
+  // The operands whose pending partial sums may pass through node `n` unreduced: the one
+  // partial operand of an op linear in it (ShardingRule::linear_operands), or every operand of
+  // an additive op when all hold sums over the same axes; empty otherwise.
+  std::vector<int> PartialPassingOperands(const ir::Node& n, const ShardingRule& rule,
+                                          const FactorAxes& fa) const {
+    std::vector<int> found;
+    size_t read = 0;  // operands whose values the op reads
     for (size_t i = 0; i < n.inputs().size(); ++i) {
-      const Sharding& layout = Local(n.input(i)).layout;
       bool shape_only = i < rule.shape_only_operands.size() && rule.shape_only_operands[i];
-      if (!layout.IsPartial() || shape_only) continue;
-      if (found >= 0) return -1;  // two partial operands: op(a1 + a2, b1 + b2) is not linear
-      found = static_cast<int>(i);
+      if (shape_only) continue;
+      ++read;
+      if (Local(n.input(i)).layout.IsPartial()) found.push_back(static_cast<int>(i));
     }
-    if (found < 0 || static_cast<size_t>(found) >= rule.linear_operands.size() ||
-        !rule.linear_operands[found])
-      return -1;
-    // Only along a single path: the operand read by this node alone and each result read by
+    if (found.empty()) return {};
+    if (found.size() > 1) {
+      // op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) holds for sums of the operands only.
+      if (!rule.additive || found.size() != read) return {};
+      for (int i : found)
+        if (Local(n.input(i)).layout.partial_axes() != Local(n.input(found[0])).layout.partial_axes())
+          return {};
+    } else if (static_cast<size_t>(found[0]) >= rule.linear_operands.size() ||
+               !rule.linear_operands[found[0]]) {
+      return {};
+    }
+    // Only along a single path: each operand read by this node alone and each result read by
     // one node or output only (graph outputs count as readers). Otherwise the sum would be
     // reduced once per path (or once here and again by the program reading an output, e.g. an
     // optimizer state) instead of once, shared through the reshard cache.
-    const ir::Value& in = n.input(found);
-    if (UsesOf(in.node.get(), in.index) != 1) return -1;
     for (int o = 0; o < n.num_outputs(); ++o)
-      if (UsesOf(&n, o) > 1) return -1;
-    const Sharding& layout = Local(n.input(found)).layout;
-    if (layout.partial_op() != ReduceOp::kSum) return -1;
-    for (const AxisList& axes : fa)
-      for (int a : axes)
-        for (int p : layout.partial_axes())
-          if (a == p) return -1;  // the op wants that axis for tiling: reduce first
-    const int64_t operand_elems = NumElements(n.input(found).type().shape);
-    for (int o = 0; o < n.num_outputs(); ++o) {
-      if (n.output(o).dtype == DType::kUndefined) continue;
-      if (NumElements(n.output(o).shape) > operand_elems) return -1;
-      ReduceOp op = ReduceOp::kSum;
-      if (!PartialAxes(rule, fa, o, &op).empty() && op != ReduceOp::kSum) return -1;
+      if (UsesOf(&n, o) > 1) return {};
+    for (int i : found) {
+      const ir::Value& in = n.input(i);
+      if (UsesOf(in.node.get(), in.index) != 1) return {};
+      const Sharding& layout = Local(in).layout;
+      if (layout.partial_op() != ReduceOp::kSum) return {};
+      for (const AxisList& axes : fa)
+        for (int a : axes)
+          for (int p : layout.partial_axes())
+            if (a == p) return {};  // the op wants that axis for tiling: reduce first
+      const int64_t operand_elems = NumElements(in.type().shape);
+      for (int o = 0; o < n.num_outputs(); ++o) {
+        if (n.output(o).dtype == DType::kUndefined) continue;
+        if (NumElements(n.output(o).shape) > operand_elems) return {};
+        ReduceOp op = ReduceOp::kSum;
+        if (!PartialAxes(rule, fa, o, &op).empty() && op != ReduceOp::kSum) return {};
+      }
     }
     return found;
+  }
+
+  // The cost of global node `n` as each device runs it: FLOPs from its rule (none: run whole),
+  // bytes of its local operands and results.
+  void RecordCost(const ir::Node& n, const ShardingRule* rule, const FactorAxes& fa,
+                  const std::vector<LocalValue>& operands, const std::vector<Sharding>& layouts) {
+    std::vector<TensorType> local, global;
+    OpCost c;
+    c.op = n.op()->qualified;
+    for (const LocalValue& v : operands) c.bytes += v.value.type().bytes();
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      const TensorType& t = n.output(o);
+      global.push_back(t);
+      local.push_back(t.dtype == DType::kUndefined ? t
+                                                   : TensorType{t.dtype, LocalShape(t.shape, layouts[o])});
+      if (t.dtype != DType::kUndefined) c.bytes += local.back().bytes();
+    }
+    if (n.num_outputs() > 0) c.dtype = n.output(0).dtype;
+    c.flops = rule ? RuleFlops(*rule, *mesh_, fa, local) : ElementFlops(local);
+    c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
+    costs_.push_back(std::move(c));
   }
 
   int UsesOf(const ir::Node* node, int index) const {
@@ -235,6 +301,7 @@ class Partitioner {
     std::vector<Sharding> layouts;
     for (int o = 0; o < n.num_outputs(); ++o)
       layouts.push_back(Sharding::Replicated(mesh_, n.output(o).rank()));
+    RecordCost(n, nullptr, {}, operands, layouts);
     ir::NodePtr local =
         builder_.Emit(n.op(), inputs, WithScalarSlots(n.args(), scalar_base_.at(&n)), n.outputs(), layouts);
     std::vector<LocalValue> results;
@@ -245,24 +312,27 @@ class Partitioner {
 
   const ir::Graph& graph_;
   MeshPtr mesh_;
+  PartitionOptions options_;
   Propagation prop_;
   ProgramBuilder builder_;
   std::unordered_map<const ir::Node*, std::vector<LocalValue>> locals_;
   std::map<std::string, int64_t> fallbacks_;
+  std::vector<OpCost> costs_;
   std::unordered_map<const ir::Node*, int32_t> scalar_base_;  // first scalar slot of each node
   std::map<std::pair<const ir::Node*, int>, int> uses_;  // readers of each value in the graph
 };
 
 }  // namespace
 
-Program PartitionGraph(const ir::Graph& graph, int64_t num_devices) {
+Program PartitionGraph(const ir::Graph& graph, int64_t num_devices,
+                       const PartitionOptions& options) {
   MeshPtr mesh = FindMesh(graph);
   if (!mesh) {
     std::vector<int64_t> ids(num_devices);
     for (int64_t i = 0; i < num_devices; ++i) ids[i] = i;
     mesh = std::make_shared<const Mesh>(ids, std::vector<int64_t>{num_devices});
   }
-  return Partitioner(graph, mesh).Run();
+  return Partitioner(graph, mesh, options).Run();
 }
 
 }  // namespace spmd::partition

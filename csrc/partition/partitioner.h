@@ -1,13 +1,26 @@
 // The compiler entry point: global graph in, per-device SPMD program out.
 #pragma once
+#include "core/hash.h"
 #include "ir/graph.h"
 #include "partition/program.h"
 
 namespace spmd::partition {
 
+struct PartitionOptions {
+  // GSPMD's step semantics (the default): every value the program hands back is complete, a
+  // pending partial sum is reduced inside the step (reduce-scattered onto the tiling its
+  // propagated sharding asks for, all-reduced otherwise). With this set, an output may leave
+  // as a pending partial sum, reduced later by the program that reads it (gradient
+  // accumulation without communication); the step then lists it in `pending_reductions`.
+  bool defer_output_reductions = false;
+
+  Hash Key() const { return HashInt(defer_output_reductions ? 1 : 0); }
+};
+
 // Partitions `graph` over the mesh its annotations use (a 1-D mesh over `num_devices` when
 // nothing is annotated). Parameters keep the layout their data already has; every reshard the
 // program needs is an explicit collective in it.
-Program PartitionGraph(const ir::Graph& graph, int64_t num_devices);
+Program PartitionGraph(const ir::Graph& graph, int64_t num_devices,
+                       const PartitionOptions& options = {});
 
 }  // namespace spmd::partition

@@ -16,12 +16,34 @@ struct CollectiveStat {
   std::vector<std::string> axes;  // mesh axis labels
   int64_t group_size = 0;
   int64_t bytes = 0;      // each device's input buffer
+  // The device ids of one group (all groups are alike): whether a group crosses hosts.
+  std::vector<int64_t> first_group;
+  const ir::Node* node = nullptr;  // the collective in Program::nodes
+};
+
+// One op of the global graph as the program runs it on each device.
+struct OpCost {
+  std::string op;            // qualified ATen name
+  double flops = 0;          // per device (from the op's sharding rule)
+  double model_flops = 0;    // the whole op's, once (model FLOPs for MFU)
+  int64_t bytes = 0;         // per device: local operands read plus local results written
+  DType dtype = DType::kFloat32;  // of its first result: picks the peak FLOP/s that applies
 };
 
 struct ProgramStats {
   std::vector<CollectiveStat> collectives;
   int64_t peak_bytes_per_device = 0;  // static estimate from buffer liveness
   double flops_per_device = 0;
+  double model_flops = 0;  // the global graph's FLOPs, each op counted once
+  std::vector<OpCost> op_costs;  // in program order
+  std::string peak_op;  // the op at which the per-device peak is reached
+  // Bytes each device holds in live tensors right after the step (parameters, optimizer
+  // state, gradients, ... : everything a tensor still points at). Set by the step, not the
+  // compiler.
+  int64_t resident_bytes_per_device = 0;
+  // The device's peak while the step runs: the program's peak (its parameters and values)
+  // plus the data of every other live tensor, which stays on the device meanwhile.
+  int64_t device_peak_bytes = 0;
   std::map<std::string, int64_t> replicated_fallback_ops;  // op name -> count
   // Outputs that leave the program as pending partial results (kind "all-reduce", the axes
   // they are partial over): reduced on the host when read, or by the program that next

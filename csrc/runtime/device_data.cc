@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "runtime/plan_mode.h"
 
 namespace spmd::runtime {
 
@@ -59,6 +60,23 @@ std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std
 DeviceData::DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards)
     : type_(std::move(type)), sharding_(std::move(sharding)), shards_(std::move(shards)) {}
 
+std::shared_ptr<DeviceData> DeviceData::Planned(TensorType type, Sharding sharding) {
+  auto data = std::make_shared<DeviceData>(std::move(type), std::move(sharding),
+                                           std::vector<BufferPtr>{});
+  data->planned_ = true;
+  return data;
+}
+
+const at::Tensor& DeviceData::shard(int64_t device) const {
+  if (planned_) throw PlannedDataError("read a device's shard");
+  return shards_.at(device)->tensor;
+}
+
+int64_t DeviceData::BytesPerDevice() const {
+  if (!sharding_.valid()) return type_.bytes();
+  return TensorType{type_.dtype, sharding_.ShardShape(type_.shape)}.bytes();
+}
+
 at::Tensor ExtractShard(const at::Tensor& global, const Sharding& sharding, int64_t device) {
   Shape global_shape(global.sizes().begin(), global.sizes().end());
   Shape shard_shape = sharding.ShardShape(global_shape);
@@ -82,6 +100,7 @@ at::Tensor ExtractShard(const at::Tensor& global, const Sharding& sharding, int6
 std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
                                                  const Sharding& sharding) {
   TensorType type = TypeOf(host);
+  if (Planning()) return Planned(type, sharding);  // the values are never read
   std::string label = "tensor " + type.ToString();
   at::Tensor global = host.contiguous();
   int64_t n = DeviceSet::Get().num_devices();
@@ -112,6 +131,7 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
 }
 
 at::Tensor DeviceData::ToHost() const {
+  if (planned_) throw PlannedDataError("read its values");
   if (is_replicated()) return shards_.at(0)->tensor;
   SPMD_CHECK(!sharding_.is_manual(), "cannot read a manually sharded value back to the host");
   const Shape& global_shape = type_.shape;
@@ -162,6 +182,7 @@ at::Tensor DeviceData::ToHost() const {
 }
 
 std::shared_ptr<DeviceData> DeviceData::Relayout(const Sharding& target) const {
+  if (planned_) return Planned(type_, target);
   return FromHost(ToHost(), target);
 }
 

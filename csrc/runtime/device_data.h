@@ -36,7 +36,13 @@ class DeviceData final : public ir::DataHandle {
   const TensorType& type() const override { return type_; }
   const Sharding& sharding() const override { return sharding_; }
   const std::vector<BufferPtr>& shards() const { return shards_; }
-  const at::Tensor& shard(int64_t device) const { return shards_.at(device)->tensor; }
+  const at::Tensor& shard(int64_t device) const;
+  // Shape, dtype and layout without buffers (plan mode, runtime/plan_mode.h): reading its
+  // values throws PlannedDataError; relaying it out gives planned data again.
+  static std::shared_ptr<DeviceData> Planned(TensorType type, Sharding sharding);
+  bool planned() const { return planned_; }
+  // Bytes one device holds of it (its padded shard), whether planned or real.
+  int64_t BytesPerDevice() const;
   bool is_replicated() const { return !sharding_.valid() || sharding_.IsReplicated(); }
   // Lays a host tensor out over the devices: each device gets its (zero-padded) shard.
   static std::shared_ptr<DeviceData> FromHost(const at::Tensor& host, const Sharding& sharding);
@@ -51,6 +57,7 @@ class DeviceData final : public ir::DataHandle {
   TensorType type_;
   Sharding sharding_;
   std::vector<BufferPtr> shards_;
+  bool planned_ = false;
 };
 using DeviceDataPtr = std::shared_ptr<DeviceData>;
 

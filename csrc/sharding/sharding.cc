@@ -283,6 +283,12 @@ bool Sharding::operator==(const Sharding& other) const {
          partial_op_ == other.partial_op_ && manual_ == other.manual_;
 }
 
+bool Sharding::SamePlacement(const Sharding& other) const {
+  if (*this == other) return true;
+  if (!valid() || !other.valid() || IsPartial() || other.IsPartial()) return false;
+  return ToString() == other.ToString();
+}
+
 // ---------------------------------------------------------------------------------------------
 // XLA tile assignment
 

@@ -76,6 +76,9 @@ class Sharding {
   Hash hash() const;
   bool operator==(const Sharding& other) const;
   bool operator!=(const Sharding& other) const { return !(*this == other); }
+  // Whether both place the same tiles on the same devices, even when named differently
+  // (mesh (8,1): ('data',) and (('data','model'),) tile alike): equal XLA text forms.
+  bool SamePlacement(const Sharding& other) const;
 
  private:
   MeshPtr mesh_;

@@ -441,12 +441,15 @@ def test_step_all_gathers_params_and_reduce_scatters_grads():
     model, opt, loss = fsdp_mlp_step()
     opt.step()
     xm.mark_step()
-    kinds = collections.Counter(c["kind"] for c in dbg.last_step_stats()["collectives"])
+    collectives = dbg.last_step_stats()["collectives"]
+    kinds = collections.Counter(c["kind"] for c in collectives)
     # Many tokens, small weights: FSDP gathers each weight (3) and bias (3) where it is used
-    # whole, and reduce-scatters each of the 6 gradients back to its shard.
+    # whole, and reduce-scatters each of the 6 gradients back to its shard. The one all-reduce
+    # is the loss (a scalar, a sum over the sharded batch), complete when the step hands it back.
     assert kinds["all-gather"] >= 6
     assert kinds["reduce-scatter"] >= 6
-    assert set(kinds) == {"all-gather", "reduce-scatter"}  # nothing else, no all-reduce
+    assert set(kinds) == {"all-gather", "reduce-scatter", "all-reduce"}
+    assert [c["bytes"] for c in collectives if c["kind"] == "all-reduce"] == [4]
     assert all(c["axes"] == ["fsdp"] for c in dbg.last_step_stats()["collectives"])
 
 

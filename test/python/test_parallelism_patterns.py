@@ -3,10 +3,10 @@ step are asserted from last_step_stats(), and every number is compared with the 
 trained eagerly on CPU.
 
 Conventions worth knowing when reading the expectations:
-- a pending partial sum that is a step's *output* stays pending (reduced on the host when read,
-  or by the program that consumes it), so a backward step whose gradients are only outputs
-  shows no gradient reduction; the reduction appears in the step that consumes them (the
-  optimizer update), as an all-reduce (replicated parameter) or a reduce-scatter (sharded one);
+- no partial sum leaves a step (GSPMD): a step's outputs are complete, so a backward step whose
+  gradients are outputs all-reduces them over the batch axes there (or reduce-scatters them
+  onto a sharded parameter's tiling), and a loss that sums a sharded batch is all-reduced (one
+  scalar) in the step that returns it;
 - within one step a value resharded once is reused (reshard cache), so a weight gathered for
   the forward pass is not gathered again in a backward pass recorded into the same step.
 """
@@ -81,14 +81,17 @@ def test_megatron_mlp_one_all_reduce_forward_one_backward(mesh_shape, idx_spec):
     out = model(idx_d)
     loss = out.pow(2).mean()
     fwd = step([loss])
-    assert kinds(fwd) == [("all-reduce", ("model",))]
+    # The row-parallel layer's partial sum over 'model'; with the batch on 'data', the loss (a
+    # mean over it) is all-reduced too: one scalar.
+    loss_reduction = [] if idx_spec is None else [("all-reduce", ("data",))]
+    assert kinds(fwd) == [("all-reduce", ("model",))] + loss_reduction, kinds(fwd)
     assert not fwd["replicated_fallback_ops"]
 
     loss.backward()
     bwd = step([p.grad for p in model.parameters()])
     # dX = dH @ W1 contracts over the 'model'-sharded hidden dim: the only 'model' collective.
-    # With the batch on 'data', a weight gradient is a sum over the batch: it is either left
-    # pending (a step output) or all-reduced over 'data' once, never more.
+    # With the batch on 'data', every weight gradient is a sum over the batch: all-reduced over
+    # 'data' once, in this step (a step output is complete).
     got = kinds(bwd)
     assert got.count(("all-reduce", ("model",))) == 1, got
     data = [k for k in got if k != ("all-reduce", ("model",))]
@@ -96,7 +99,7 @@ def test_megatron_mlp_one_all_reduce_forward_one_backward(mesh_shape, idx_spec):
         assert data == [], got
     else:
         assert all(k == ("all-reduce", ("data",)) for k in data), got
-        assert len(data) <= len(list(model.parameters())), got
+        assert len(data) == len(list(model.parameters())), got
     assert not bwd["replicated_fallback_ops"]
     for c in fwd["collectives"] + bwd["collectives"]:
         assert c["kind"] != "all-gather", "a sharded weight was gathered"
@@ -183,9 +186,11 @@ def test_data_parallel_one_all_reduce_per_gradient(mesh_shape, names, batch_spec
         loss.backward()
         opt.step()
         stats = step(list(model.parameters()) + [loss])
-        assert kinds(stats) == [("all-reduce", batch_axes)] * len(list(model.parameters())), kinds(stats)
+        # One all-reduce per gradient, and one of the loss (a float64 scalar), all in the step.
+        assert kinds(stats) == [("all-reduce", batch_axes)] * (len(list(model.parameters())) + 1), \
+            kinds(stats)
         assert not stats["replicated_fallback_ops"]
-        param_bytes = sorted(p.numel() * 8 for p in model.parameters())
+        param_bytes = sorted([p.numel() * 8 for p in model.parameters()] + [8])
         assert sorted(c["bytes"] for c in stats["collectives"]) == param_bytes
 
         opt_cpu.zero_grad()
@@ -199,7 +204,8 @@ def test_data_parallel_one_all_reduce_per_gradient(mesh_shape, names, batch_spec
 def test_data_parallel_cross_entropy_adds_one_total_weight_all_reduce():
     # nll_loss's mean divides by the total weight of the non-ignored targets, which the whole
     # batch contributes to: it is all-reduced (one f32 scalar, 4 bytes) so that every device
-    # divides by the same number. Everything else is as with MSE.
+    # divides by the same number; the loss itself (another scalar) is all-reduced when the step
+    # hands it back. Everything else is as with MSE.
     mesh = mesh_of((8,), names=("data",))
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
@@ -218,8 +224,8 @@ def test_data_parallel_cross_entropy_adds_one_total_weight_all_reduce():
     opt.step()
     stats = step(list(model.parameters()) + [loss])
     got = [(c["kind"], tuple(c["axes"]), c["bytes"]) for c in stats["collectives"]]
-    total_weight = [c for c in got if c[2] == 4]
-    assert total_weight == [("all-reduce", ("data",), 4)], got
+    scalars = [c for c in got if c[2] == 4]
+    assert scalars == [("all-reduce", ("data",), 4)] * 2, got
     rest = sorted(c[2] for c in got if c[2] != 4)
     assert rest == sorted(p.numel() * 4 for p in model.parameters()), got
     assert all(c[:2] == ("all-reduce", ("data",)) for c in got)
@@ -257,9 +263,11 @@ def test_fsdp_gathers_params_and_reduce_scatters_gradients():
         opt.zero_grad()
         loss = F.mse_loss(model(xd), yd)
         fwd = step([loss])
-        # Forward: every parameter all-gathered once (its local shard's bytes), nothing else.
-        assert kinds(fwd) == [("all-gather", ("fsdp",))] * len(params), kinds(fwd)
-        assert sorted(c["bytes"] for c in fwd["collectives"]) == sorted(p.numel() for p in params)
+        # Forward: every parameter all-gathered once (its local shard's bytes), then the loss
+        # (a float64 scalar summed over the sharded batch) all-reduced.
+        assert kinds(fwd) == [("all-gather", ("fsdp",))] * len(params) + [("all-reduce", ("fsdp",))], \
+            kinds(fwd)
+        assert sorted(c["bytes"] for c in fwd["collectives"]) == sorted([p.numel() for p in params] + [8])
 
         loss.backward()
         opt.step()
@@ -386,7 +394,10 @@ def test_data_parallel_batch_norm_is_synchronized_without_gathers(batch):
     grads = [p.grad for p in d.parameters()]
     bwd = step(grads)
     assert_params_close(d, cpu, grads=True)
-    # Stacked [sum g, sum g*xhat] per batch norm; the conv gradients stay pending sums.
-    assert kinds(bwd) == [("all-reduce", ("data",))] * 2, bwd
-    assert all(c["bytes"] in {2 * b for b in channel_bytes} for c in bwd["collectives"]), bwd
+    # Stacked [sum g, sum g*xhat] per batch norm (which give the batch norm's own gradients),
+    # and the conv weight and bias gradients, sums over the batch: all-reduced in the step.
+    assert kinds(bwd) == [("all-reduce", ("data",))] * 6, bwd
+    conv_bytes = [p.numel() * 4 for m in (d[0], d[3]) for p in m.parameters()]
+    stacked = [2 * b for b in channel_bytes]
+    assert sorted(c["bytes"] for c in bwd["collectives"]) == sorted(conv_bytes + stacked), bwd
     assert not fwd["replicated_fallback_ops"] and not bwd["replicated_fallback_ops"]

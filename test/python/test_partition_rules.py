@@ -234,19 +234,28 @@ MM_CASES = [((8,), a, b) for a, b in _pair_specs((8,))] + \
            [((2, 2, 2), a, b) for a, b in _pair_specs((2, 2, 2))][::7]
 
 
-def _contraction_is_free(spec_a, spec_b):
-    """A [i,k] x B [k,j] needs no communication when k is sharded alike (or not at all) and the
-    i, j, k axes are distinct."""
+def all_reduces_over(axes, count):
+    """Collective predicate: exactly `count` all-reduces, each over the mesh axes `axes`."""
+    want = [("all-reduce", sorted(axes))] * count
+    return lambda cs: [(c["kind"], sorted(c["axes"])) for c in cs] == want
+
+
+def _contraction_expectation(spec_a, spec_b):
+    """A [i,k] x B [k,j] moves no operand when k is sharded alike (or not at all) and the i, j, k
+    axes are distinct: then the step's only collective is the all-reduce of the partial
+    products over k's axes (none when k is unsharded). None: no expectation."""
     i, ka = axes_of(spec_a[0]), axes_of(spec_a[1])
     kb, j = axes_of(spec_b[0]), axes_of(spec_b[1])
     used = i + ka + j
-    return ka == kb and len(set(used)) == len(used)
+    if ka != kb or len(set(used)) != len(used):
+        return None
+    return all_reduces_over(ka, count=1 if ka else 0)
 
 
 @pytest.mark.parametrize("mesh_shape,spec_a,spec_b", MM_CASES)
 def test_mm_every_operand_sharding(mesh_shape, spec_a, spec_b):
     # 10 x 6 @ 6 x 5: every dim uneven over 4-way axes, 10 and 6 uneven over 8.
-    fwd = [] if _contraction_is_free(spec_a, spec_b) else None
+    fwd = _contraction_expectation(spec_a, spec_b)
     check(torch.mm, [T(10, 6), T(6, 5, seed=1)], [spec_a, spec_b], mesh_of(mesh_shape),
           grad=True, fwd=fwd)
 
@@ -283,10 +292,12 @@ def test_baddbmm(mesh_shape, spec_a, spec_b):
           [None, spec_a, spec_b], mesh_of(mesh_shape), grad=True)
 
 
-def test_bmm_batch_sharded_alike_is_free():
+def test_bmm_batch_sharded_alike_moves_no_operand():
+    # Batch on 'a', rows on 'b', the contraction on 'c': the only collective is the all-reduce
+    # of the partial products over 'c', inside the step.
     mesh = mesh_of((2, 2, 2))
     check(torch.bmm, [T(4, 10, 6), T(4, 6, 5)], [("a", "b", "c"), ("a", "c", None)], mesh,
-          grad=True, fwd=[])
+          grad=True, fwd=[("all-reduce", ("c",))])
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES)
@@ -323,8 +334,8 @@ REDUCTIONS = {
     "prod": lambda x: (x * 0.1 + 1).prod(2), "cumsum": lambda x: x.cumsum(1),
     "nansum": lambda x: x.nansum(0), "any": lambda x: (x > 1).any(1), "all": lambda x: (x > -2).all(0),
 }
-# Sums and extrema combine partial results: sharding the reduced dim costs nothing now (the
-# result stays a pending partial, reduced when it is read).
+# Sums and extrema combine partial results: sharding the reduced dim costs one all-reduce of
+# the (small) result, in the step (no partial sum leaves a step), and no gather.
 FREE_REDUCTIONS = {"sum0", "sum1_keep", "sum_all", "sum_01", "sum_neg", "mean0", "mean_all",
                    "mean_keep", "amax0", "amax_12", "amin_keep", "max_all", "min_all", "nansum"}
 NO_GRAD = {"argmax", "argmin_keep", "argmax_all", "any", "all"}
@@ -338,14 +349,20 @@ def test_reduction(name, mesh_shape, spec):
     x = T(5, 10, 6)
     if name.startswith(("max", "min", "amax", "amin", "argm")):
         x = torch.randperm(300).reshape(5, 10, 6).to(torch.float64)  # unique values: no ties
-    fwd = [] if name in FREE_REDUCTIONS else only("all-gather", "all-to-all")
+    fwd = one_reduction if name in FREE_REDUCTIONS else only("all-gather", "all-to-all")
     check(REDUCTIONS[name], [x], [spec], mesh_of(mesh_shape), grad=name not in NO_GRAD, fwd=fwd)
+
+
+def one_reduction(cs) -> bool:
+    """At most one collective, an all-reduce: partial results combined once."""
+    return len(cs) <= 1 and all(c["kind"] == "all-reduce" for c in cs)
 
 
 def test_sum_of_uneven_shards_masks_padding():
     # 10 rows over 4 devices: shards of 3, the last holds 1 row and 2 rows of NaN padding.
     mesh = mesh_of((4, 2))
-    r = check(lambda x: x.sum(0), [T(10, 6)], [("data", None)], mesh, fwd=[])
+    r = check(lambda x: x.sum(0), [T(10, 6)], [("data", None)], mesh,
+              fwd=[("all-reduce", ("data",))])
     assert not torch.isnan(r.dev_out[0]).any()
 
 
@@ -394,10 +411,13 @@ def test_layer_norm_and_backward(affine, mesh_shape, spec):
         fn = lambda x: F.layer_norm(x, (6,))  # noqa: E731
         inputs, specs = [T(5, 10, 6)], [spec]
     free = spec[2] is None
-    # Batch dims pass through; the weight/bias gradients sum over them and stay pending.
+    # Batch dims pass through; the weight/bias gradients sum over them: all-reduced in the
+    # backward step when the batch dims are sharded.
+    batch_axes = tuple(a for d in spec[:2] for a in axes_of(d))
+    bwd = all_reduces_over(batch_axes, count=2 if affine and batch_axes else 0)
     check(fn, inputs, specs, mesh, grad=True,
           fwd=[] if free and (not affine or w_spec == (None,)) else None,
-          bwd=[] if free and (not affine or w_spec == (None,)) else None)
+          bwd=bwd if free and (not affine or w_spec == (None,)) else None)
     # Two normalized dims.
     check(lambda x: F.layer_norm(x, (10, 6)), [T(5, 10, 6)], [spec], mesh, grad=True)
 
@@ -458,10 +478,11 @@ def test_embedding_and_backward(mesh_shape, w_spec, i_spec):
 
 def test_embedding_with_sharded_indices_is_free():
     # Rows of the lookup follow the indices; the table's embedding dim follows its sharding.
+    # The table's gradient sums the rows of every index shard: one all-reduce over 'data'.
     mesh = mesh_of((4, 2))
     idx = torch.tensor([[3, 0, 9], [3, 7, 1], [1, 4, 9], [2, 5, 0]])
     check(lambda w, i: F.embedding(i, w), [T(10, 6), idx], [(None, "model"), ("data", None)], mesh,
-          grad=[0], fwd=[], bwd=[])
+          grad=[0], fwd=[], bwd=[("all-reduce", ("data",))])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -519,11 +540,14 @@ def test_elementwise_losses(name, reduction, mesh_shape, spec):
           mesh_of(mesh_shape), grad=[0])
 
 
-def test_mse_loss_sharded_alike_needs_no_communication():
+def test_mse_loss_sharded_alike_needs_one_all_reduce():
+    # The elementwise part needs no communication; the loss sums every shard: one all-reduce of
+    # a scalar. Its gradient is elementwise again.
     mesh = mesh_of((4, 2))
     for reduction in ["mean", "sum"]:
         check(lambda a, b: F.mse_loss(a, b, reduction=reduction), [T(10, 6), T(10, 6, seed=1)],
-              [("data", "model"), ("data", "model")], mesh, grad=[0], fwd=[], bwd=[])
+              [("data", "model"), ("data", "model")], mesh, grad=[0],
+              fwd=[("all-reduce", ("data", "model"))], bwd=[])
 
 
 # ---------------------------------------------------------------------------------------------

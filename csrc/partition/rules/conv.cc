@@ -139,6 +139,7 @@ std::optional<ShardingRule> Convolution(const ir::Node& node) {
   rule.operands[wt] = f.Weight(c->transposed);
   if (bias >= 0) rule.operands[bias] = {f.OutChannels()};
   rule.results = {f.Activation(true)};
+  rule.flops_per_point = 2;  // a multiply-add per (n, g, ci, co, output position, kernel tap)
 
   const int pad_arg = ArgIndex(node, "padding"), groups_arg = ArgIndex(node, "groups");
   const int bias_arg = ArgIndex(node, "bias");
@@ -192,6 +193,10 @@ std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
   std::vector<int> batch_and_space = {f.n};
   for (int s : f.space.factors) batch_and_space.push_back(s);
   rule.reduced_in_result = {{f.co}, batch_and_space, batch_and_space};
+  // The same iteration space as the forward once per gradient computed (input, weight); the
+  // bias gradient is a sum over grad_output.
+  const int grads = (defined(0) ? 1 : 0) + (defined(1) ? 1 : 0);
+  if (grads > 0) rule.flops_per_point = 2.0 * grads;
 
   const int pad_arg = ArgIndex(node, "padding"), groups_arg = ArgIndex(node, "groups");
   const int bias_sizes_arg = ArgIndex(node, "bias_sizes");

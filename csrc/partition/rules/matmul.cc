@@ -3,6 +3,8 @@
 // by zeros on the other). bmm adds a batch factor. addmm/baddbmm broadcast their bias onto the
 // result; with a sharded contraction the bias is added after the partial sums are reduced, so
 // it is counted once.
+#include "partition/rules/matmul.h"
+
 #include "partition/local_builder.h"
 #include "partition/rules/all_rules.h"
 #include "partition/rules/rule.h"
@@ -37,6 +39,7 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   rule.operands[rhs] = fb;
   if (bias >= 0) rule.operands[bias] = BroadcastFactors(node.input(bias).type(), out, fo);
   rule.results = {fo};
+  rule.flops_per_point = 2;  // a multiply and an add per (batch, i, k, j)
   if (bias < 0) return rule;
 
   // addmm(bias, m1, m2, beta, alpha) = beta*bias + alpha*(m1 @ m2). With a sharded contraction
@@ -95,6 +98,13 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
 }
 
 }  // namespace
+
+bool RecordMatmulWhole(const Shape& a, const Shape& b) {
+  if (a.size() < 3 || a.size() != b.size()) return false;
+  for (size_t d = 0; d + 2 < a.size(); ++d)
+    if (a[d] != b[d]) return false;
+  return true;
+}
 
 void RegisterMatmulRules() {
   // aten::matmul is recorded whole only for >= 3-D operands with equal batch dims.

@@ -46,7 +46,7 @@ std::optional<ShardingRule> Factory(const ir::Node& node) {
     rule.operands.push_back(TensorFactors(in.type().rank()));  // new_*: self gives only options
   rule.shape_only_operands.assign(node.inputs().size(), true);
   rule.local_args = LocalSizeArgs(size_arg, ArgIndex(node, "stride"));
-
+  rule.flops_per_point = 0;  // fills memory, computes nothing
   return rule;
 }
 
@@ -99,6 +99,7 @@ void RegisterPointwiseRules() {
   RegisterRules({"aten::neg", "aten::clone", "aten::detach_copy", "aten::alias_copy",
                  "aten::lift_fresh_copy", "aten::mul"},
                 LinearIn(Pointwise, {-1}));
+  RegisterRules({"aten::add.Tensor", "aten::sub.Tensor"}, Additive(Pointwise));
   RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
   RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));
 }

@@ -104,6 +104,14 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
   };
 }
 
+RuleBuilder Additive(RuleBuilder inner) {
+  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
+    std::optional<ShardingRule> rule = inner(node);
+    if (rule) rule->additive = true;
+    return rule;
+  };
+}
+
 TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type) {
   TensorFactors tf;
   for (int64_t size : type.shape) tf.push_back({rule.AddFactor(size)});

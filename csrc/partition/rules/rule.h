@@ -75,6 +75,17 @@ struct ShardingRule {
   // partitioner does so when it is the only partial operand, its axes tile nothing here, and
   // no result is larger than it (a later reduction must not move more bytes).
   std::vector<bool> linear_operands;
+  // The result is a fixed linear combination of the tensor operands (add, sub): when every
+  // operand holds a pending partial sum over the same axes, op(a1 + a2, b1 + b2) =
+  // op(a1, b1) + op(a2, b2) and the sum stays pending through the op (gradient accumulation
+  // across steps communicates once).
+  bool additive = false;
+
+  // Cost, read by partition/cost.cc (which knows no op names): FLOPs per point of the op's
+  // iteration space, the product of its factor sizes; mm's [i,k],[k,j] -> [i,j] is 2 (a
+  // multiply and an add per (i,k,j)); 0 for ops that compute nothing (factories). Unset: one
+  // FLOP per result element (pointwise ops; views and copies are counted the same way).
+  std::optional<double> flops_per_point;
 
   // Emits the local computation given operands already in the layouts the factor assignment
   // asks for; returns one value per result. Unset: the same op with local shapes, with the
@@ -115,6 +126,8 @@ bool HasRuleFor(const std::string& qualified_name);
 // `inner` with ShardingRule::linear_operands set for the listed operand positions (-1: every
 // operand).
 RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands = {0});
+// `inner` with ShardingRule::additive set.
+RuleBuilder Additive(RuleBuilder inner);
 
 // Helpers shared by rule files.
 // One pass-through factor per dim of `type`; returns the factors.

@@ -10,7 +10,7 @@ import torch
 
 from ... import _C
 from ..._device import is_spmd_tensor
-from ..spmd.xla_sharded_tensor import XLAShardedTensor
+from ..spmd.xla_sharding import unwrap_sharded_tensor
 from . import _layout
 from ._state_dict import flatten
 
@@ -70,7 +70,7 @@ def capture(state_dict: Any) -> Snapshot:
     leaves = flatten(state_dict)
 
     def unwrap(x: Any) -> Any:
-        return x.global_tensor if isinstance(x, XLAShardedTensor) else x
+        return unwrap_sharded_tensor(x) if isinstance(x, torch.Tensor) else x
 
     device_tensors = [unwrap(v).detach() for _, v in leaves.values() if is_spmd_tensor(unwrap(v))]
     if device_tensors:

@@ -6,7 +6,7 @@ import torch
 
 from ... import _C
 from ..._device import is_spmd_tensor
-from ..spmd.xla_sharded_tensor import XLAShardedTensor
+from ..spmd.xla_sharding import unwrap_sharded_tensor
 from . import _layout, _storage
 from ._snapshot import Snapshot, capture
 from ._state_dict import flatten, set_leaf
@@ -44,7 +44,7 @@ def save_sharded(state_dict: Any, path: str) -> None:
 
 
 def _unwrap(x: Any) -> Any:
-    return x.global_tensor if isinstance(x, XLAShardedTensor) else x
+    return unwrap_sharded_tensor(x) if isinstance(x, torch.Tensor) else x
 
 
 def _saved_pieces(entry: dict, data: dict) -> List[Tuple[_layout.Box, torch.Tensor]]:

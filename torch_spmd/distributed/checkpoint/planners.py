@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 
 from ... import _C
 from ..._device import is_spmd_tensor
-from ..spmd.xla_sharded_tensor import XLAShardedTensor
+from ..spmd.xla_sharding import unwrap_sharded_tensor
 from . import _layout
 
 __all__ = ["SPMDSavePlanner", "SPMDLoadPlanner", "HostShards", "stage_state_dict"]
@@ -61,7 +61,7 @@ Box = _layout.Box
 
 
 def _unwrap(x: Any) -> Any:
-    return x.global_tensor if isinstance(x, XLAShardedTensor) else x
+    return unwrap_sharded_tensor(x) if isinstance(x, torch.Tensor) else x
 
 
 def _volume(sizes: Sequence[int]) -> int:

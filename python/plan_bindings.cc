@@ -1,0 +1,62 @@
+// Plan mode and the step-time model: switching planning on and off, and estimating the last
+// step on a hardware description.
+#include "bindings.h"
+
+#include "aten/sync.h"
+#include "partition/cost_model.h"
+#include "runtime/plan_mode.h"
+
+namespace spmd {
+
+namespace py = pybind11;
+
+namespace {
+
+partition::Hardware HardwareFromDict(const py::dict& d) {
+  partition::Hardware hw;
+  auto num = [&](const char* key, double fallback = 0) {
+    return d.contains(key) ? d[key].cast<double>() : fallback;
+  };
+  hw.name = d.contains("name") ? d["name"].cast<std::string>() : "custom";
+  hw.peak_flops_bf16 = num("peak_flops_bf16");
+  hw.peak_flops_fp32 = num("peak_flops_fp32", hw.peak_flops_bf16);
+  hw.hbm_bytes = num("hbm_bytes");
+  hw.hbm_bandwidth = num("hbm_bandwidth");
+  hw.ring_bandwidth = num("ring_bandwidth");
+  hw.cross_host_bandwidth = num("cross_host_bandwidth", hw.ring_bandwidth);
+  hw.link_latency = num("link_latency");
+  hw.devices_per_host = static_cast<int64_t>(num("devices_per_host"));
+  if (hw.peak_flops_bf16 <= 0 || hw.peak_flops_fp32 <= 0 || hw.hbm_bandwidth <= 0 ||
+      hw.ring_bandwidth <= 0 || hw.cross_host_bandwidth <= 0)
+    throw py::value_error("hardware '" + hw.name +
+                          "' needs positive peak_flops_bf16, hbm_bandwidth and ring_bandwidth");
+  return hw;
+}
+
+}  // namespace
+
+void BindPlan(py::module_& m) {
+  m.def("_set_planning", [](bool on, const std::string& name) { runtime::SetPlanning(on, name); },
+        py::arg("on"), py::arg("name") = "");
+  m.def("_planning", [] { return runtime::Planning(); });
+  // The last step (planned or executed) on `hardware` (a dict of Hardware's fields).
+  m.def("_estimate_last_step", [](const py::dict& hardware) {
+    partition::Hardware hw = HardwareFromDict(hardware);
+    partition::ProgramStats stats = aten::LastStepStats();
+    partition::StepEstimate e = partition::EstimateStep(stats, hw);
+    py::dict d;
+    d["compute_seconds"] = e.compute_seconds;
+    d["communication_seconds"] = e.communication_seconds;
+    d["step_seconds"] = e.step_seconds;
+    d["overlapped_step_seconds"] = e.overlapped_step_seconds;
+    d["op_seconds"] = e.op_seconds;
+    py::list coll;
+    for (size_t i = 0; i < e.collective_seconds.size(); ++i)
+      coll.append(py::make_tuple(e.collective_seconds[i].seconds,
+                                 e.collective_seconds[i].crosses_hosts));
+    d["collective_seconds"] = coll;  // (seconds, crosses hosts) per collective
+    return d;
+  });
+}
+
+}  // namespace spmd

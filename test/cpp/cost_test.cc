@@ -1,0 +1,393 @@
+// The static cost analysis (partition/cost.h) and the step-time model (partition/cost_model.h)
+// on hand-built rules, programs and statistics, against numbers worked out by hand.
+#include "partition/cost.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "graph_test_util.h"
+#include "ir/internal_ops.h"
+#include "partition/cost_model.h"
+#include "partition/partitioner.h"
+
+namespace spmd::partition {
+namespace {
+
+using testing::Close;
+using testing::F32;
+using testing::MakeMesh;
+using testing::Mm;
+using testing::Param;
+using testing::Relu;
+using testing::Spec;
+
+// The rule of the node that produced `v`.
+ShardingRule RuleOf(const ir::Value& v) {
+  std::optional<ShardingRule> rule = GetRule(*v.node);
+  if (!rule) throw std::logic_error("no rule for " + v.node->op()->qualified);
+  return *rule;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RuleFlops
+
+struct MmFactors {
+  int i, k, j;
+};
+MmFactors FactorsOfMm(const ShardingRule& rule) {
+  // mm: [i,k],[k,j] -> [i,j]
+  return {rule.results[0][0][0], rule.operands[0][1][0], rule.results[0][1][0]};
+}
+
+TEST(RuleFlopsTest, MmCountsTwoFlopsPerPointOfItsIterationSpace) {
+  ir::Value y = Mm(Param(F32({8, 16})), Param(F32({16, 32})));
+  ShardingRule rule = RuleOf(y);
+  MmFactors f = FactorsOfMm(rule);
+  ASSERT_EQ(rule.factors.size(), 3u);
+  EXPECT_EQ(rule.factors[f.i].size, 8);
+  EXPECT_EQ(rule.factors[f.k].size, 16);
+  EXPECT_EQ(rule.factors[f.k].kind, FactorKind::kReduction);
+  EXPECT_EQ(rule.factors[f.j].size, 32);
+  ASSERT_TRUE(rule.flops_per_point.has_value());
+  EXPECT_EQ(*rule.flops_per_point, 2.0);
+
+  MeshPtr mesh = MakeMesh({4}, {"data"});
+  // Whole op: 2 * i * k * j = 2 * 8 * 16 * 32 = 8192.
+  EXPECT_EQ(RuleFlops(rule, *mesh, FactorAxes(rule.factors.size()), {y.type()}), 8192.0);
+
+  // i split over 'data' (4): each device does 2 * (8/4) * 16 * 32 = 2048, a quarter.
+  FactorAxes split_i(rule.factors.size());
+  split_i[f.i] = {0};
+  EXPECT_EQ(RuleFlops(rule, *mesh, split_i, {F32({2, 32})}), 2048.0);
+  EXPECT_EQ(RuleFlops(rule, *mesh, split_i, {F32({2, 32})}), 8192.0 / 4);
+
+  // The contraction split instead: 2 * 8 * (16/4) * 32 = 2048 too (partial sums cost the same).
+  FactorAxes split_k(rule.factors.size());
+  split_k[f.k] = {0};
+  EXPECT_EQ(RuleFlops(rule, *mesh, split_k, {F32({8, 32})}), 2048.0);
+}
+
+TEST(RuleFlopsTest, MmOnTwoAxesAndUnevenFactors) {
+  MeshPtr mesh = MakeMesh({2, 2}, {"data", "model"});
+  ir::Value y = Mm(Param(F32({8, 16})), Param(F32({16, 32})));
+  ShardingRule rule = RuleOf(y);
+  MmFactors f = FactorsOfMm(rule);
+  // i over 'data' (2), j over 'model' (2): 2 * 4 * 16 * 16 = 2048.
+  FactorAxes fa(rule.factors.size());
+  fa[f.i] = {0};
+  fa[f.j] = {1};
+  EXPECT_EQ(RuleFlops(rule, *mesh, fa, {F32({4, 16})}), 2048.0);
+  // i over both axes (4 tiles): 2 * 2 * 16 * 32 = 2048.
+  FactorAxes both(rule.factors.size());
+  both[f.i] = {0, 1};
+  EXPECT_EQ(RuleFlops(rule, *mesh, both, {F32({2, 32})}), 2048.0);
+
+  // 10 rows over 4 devices: every device runs the padded tile of ceil(10/4) = 3 rows,
+  // 2 * 3 * 16 * 32 = 3072; the whole op is 2 * 10 * 16 * 32 = 10240.
+  MeshPtr mesh4 = MakeMesh({4}, {"data"});
+  ir::Value z = Mm(Param(F32({10, 16})), Param(F32({16, 32})));
+  ShardingRule zr = RuleOf(z);
+  MmFactors zf = FactorsOfMm(zr);
+  FactorAxes zi(zr.factors.size());
+  zi[zf.i] = {0};
+  EXPECT_EQ(RuleFlops(zr, *mesh4, FactorAxes(zr.factors.size()), {z.type()}), 10240.0);
+  EXPECT_EQ(RuleFlops(zr, *mesh4, zi, {F32({3, 32})}), 3072.0);
+}
+
+TEST(RuleFlopsTest, PointwiseCountsOneFlopPerResultElement) {
+  ir::Value a = Relu(Param(F32({8, 16})));
+  ShardingRule rule = RuleOf(a);
+  EXPECT_FALSE(rule.flops_per_point.has_value());
+  MeshPtr mesh = MakeMesh({4}, {"data"});
+  FactorAxes fa(rule.factors.size());
+  fa[rule.results[0][0][0]] = {0};
+  // The local result f32[2,16]: 32 elements.
+  EXPECT_EQ(RuleFlops(rule, *mesh, fa, {F32({2, 16})}), 32.0);
+  // ElementFlops: 8 * 16 = 128, plus 3 * 5 = 15; undefined results count nothing.
+  EXPECT_EQ(ElementFlops({F32({8, 16}), F32({3, 5}), TensorType{}}), 143.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// FLOPs and memory of partitioned programs
+
+TEST(ProgramCostTest, ShardedContractionMm) {
+  MeshPtr mesh = MakeMesh({4}, {"model"});
+  ir::Value x = Param(F32({8, 16}), Spec(mesh, {{}, {"model"}}));
+  ir::Value w = Param(F32({16, 32}), Spec(mesh, {{"model"}, {}}));
+  Program p = PartitionGraph(ir::BuildGraph({Mm(x, w)}), 4);
+
+  // Per device: 2 * 8 * (16/4) * 32 = 2048; the model: 2 * 8 * 16 * 32 = 8192.
+  EXPECT_EQ(p.stats.flops_per_device, 2048.0);
+  EXPECT_EQ(p.stats.model_flops, 8192.0);
+  ASSERT_EQ(p.stats.op_costs.size(), 1u);  // parameters and collectives are not ops
+  const OpCost& c = p.stats.op_costs[0];
+  EXPECT_EQ(c.op, "aten::mm");
+  EXPECT_EQ(c.flops, 2048.0);
+  EXPECT_EQ(c.model_flops, 8192.0);
+  // Local operands f32[8,4] (128 B) and f32[4,32] (512 B), local result f32[8,32] (1024 B).
+  EXPECT_EQ(c.bytes, 128 + 512 + 1024);
+  EXPECT_EQ(c.dtype, DType::kFloat32);
+
+  // Program: x (128 B), w (512 B), mm (1024 B, last read by the all-reduce), all-reduce
+  // (1024 B, an output). After the all-reduce: 128 + 512 + 1024 + 1024 = 2688.
+  ASSERT_EQ(p.nodes.size(), 4u) << p.ToText();
+  EXPECT_EQ(p.stats.peak_bytes_per_device, 2688);
+  EXPECT_EQ(p.stats.peak_op, "spmd::all_reduce");
+  int64_t at = -1;
+  EXPECT_EQ(PeakBytesPerDevice(p, &at), 2688);
+  EXPECT_EQ(at, 3);
+}
+
+TEST(ProgramCostTest, MegatronMlpFlops) {
+  MeshPtr mesh = MakeMesh({2, 2}, {"data", "model"});
+  ir::Value x = Param(F32({8, 16}), Sharding::Replicated(mesh, 2));
+  ir::Value w1 = Param(F32({16, 32}), Spec(mesh, {{}, {"model"}}));
+  ir::Value w2 = Param(F32({32, 16}), Spec(mesh, {{"model"}, {}}));
+  Program p = PartitionGraph(ir::BuildGraph({Mm(Relu(Mm(x, w1)), w2)}), 4);
+
+  // mm1: j = 32 over 'model' (2):   2 * 8 * 16 * 16 = 4096 per device, 2 * 8 * 16 * 32 = 8192.
+  // relu on f32[8,16] locally:      128 per device, 8 * 32 = 256.
+  // mm2: k = 32 over 'model' (2):   2 * 8 * 16 * 16 = 4096 per device, 2 * 8 * 32 * 16 = 8192.
+  ASSERT_EQ(p.stats.op_costs.size(), 3u);
+  EXPECT_EQ(p.stats.op_costs[0].op, "aten::mm");
+  EXPECT_EQ(p.stats.op_costs[0].flops, 4096.0);
+  EXPECT_EQ(p.stats.op_costs[0].model_flops, 8192.0);
+  EXPECT_EQ(p.stats.op_costs[1].op, "aten::relu");
+  EXPECT_EQ(p.stats.op_costs[1].flops, 128.0);
+  EXPECT_EQ(p.stats.op_costs[1].model_flops, 256.0);
+  EXPECT_EQ(p.stats.op_costs[2].op, "aten::mm");
+  EXPECT_EQ(p.stats.op_costs[2].flops, 4096.0);
+  EXPECT_EQ(p.stats.op_costs[2].model_flops, 8192.0);
+  EXPECT_EQ(p.stats.flops_per_device, 4096.0 + 128 + 4096);   // 8320
+  EXPECT_EQ(p.stats.model_flops, 8192.0 + 256 + 8192);        // 16640
+  // relu reads f32[8,16] and writes f32[8,16]: 512 + 512 bytes.
+  EXPECT_EQ(p.stats.op_costs[1].bytes, 1024);
+}
+
+// A program built by hand (op names do not matter to liveness).
+struct HandProgram {
+  Program program;
+  ir::NodePtr p0, p1, a, b, c, d;
+};
+
+HandProgram MakeHandProgram() {
+  const ir::OpInfo* data = ir::InternalOps::Get().device_data;
+  const ir::OpInfo* unary = testing::OpUnary("test::unary");
+  const ir::OpInfo* binary = ir::InternOp(
+      "test::binary", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}}, 1);
+  HandProgram h;
+  h.p0 = ir::MakeNode(data, {}, {}, {F32({100})});  // 400 B
+  h.p1 = ir::MakeNode(data, {}, {}, {F32({25})});   // 100 B
+  h.a = ir::MakeNode(unary, {{h.p0, 0}}, {ir::Arg::Tensor(0)}, {F32({50})});  // 200 B
+  h.b = ir::MakeNode(unary, {{h.a, 0}}, {ir::Arg::Tensor(0)}, {F32({20})});   // 80 B
+  h.c = ir::MakeNode(binary, {{h.b, 0}, {h.p1, 0}}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1)},
+                     {F32({75})});  // 300 B
+  h.d = ir::MakeNode(unary, {{h.c, 0}}, {ir::Arg::Tensor(0)}, {F32({10})});  // 40 B
+  h.program.nodes = {h.p0, h.p1, h.a, h.b, h.c, h.d};
+  h.program.params = {h.p0, h.p1};
+  h.program.outputs = {{h.d, 0}};
+  return h;
+}
+
+TEST(PeakBytesTest, ParametersLiveThroughoutIntermediatesFreedAfterLastUse) {
+  HandProgram h = MakeHandProgram();
+  // Live bytes after each node (a value counts from its definition through its last reader):
+  //   0 p0:            400
+  //   1 p1:            400 + 100                    = 500
+  //   2 a:             500 + 200                    = 700
+  //   3 b (reads a):   700 + 80                     = 780
+  //   4 c (reads b):   a is gone: 500 + 80 + 300    = 880   <- peak
+  //   5 d (reads c):   b is gone: 500 + 300 + 40    = 840   (p1 stays, though last read at 4)
+  // Keeping everything would reach 400+100+200+80+300+40 = 1120.
+  int64_t at = -1;
+  EXPECT_EQ(PeakBytesPerDevice(h.program, &at), 880);
+  EXPECT_EQ(at, 4);
+  EXPECT_EQ(PeakBytesPerDevice(h.program), 880);  // at_node is optional
+}
+
+TEST(PeakBytesTest, OutputsLiveToTheEnd) {
+  HandProgram h = MakeHandProgram();
+  h.program.outputs.push_back({h.a, 0});  // a is now also handed back
+  //   4 c: 500 + 200 (a) + 80 + 300 = 1080   <- peak
+  //   5 d: 500 + 200 + 300 + 40     = 1040
+  int64_t at = -1;
+  EXPECT_EQ(PeakBytesPerDevice(h.program, &at), 1080);
+  EXPECT_EQ(at, 4);
+}
+
+TEST(PeakBytesTest, UnreadParameterIsLiveThroughout) {
+  HandProgram h = MakeHandProgram();
+  // A third parameter, f32[8] = 32 B, that no op reads, placed first: every index shifts by
+  // one and its 32 B are live everywhere:
+  //   0 p2: 32;  1 p0: 432;  2 p1: 532;  3 a: 732;  4 b: 812;  5 c: 880 + 32 = 912 <- peak;
+  //   6 d: 840 + 32 = 872.
+  ir::NodePtr p2 = ir::MakeNode(ir::InternalOps::Get().device_data, {}, {}, {F32({8})});
+  h.program.nodes.insert(h.program.nodes.begin(), p2);
+  h.program.params.push_back(p2);
+  int64_t at = -1;
+  EXPECT_EQ(PeakBytesPerDevice(h.program, &at), 912);
+  EXPECT_EQ(at, 5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step-time model
+
+Hardware TestHardware() {
+  Hardware hw;
+  hw.name = "test";
+  hw.peak_flops_bf16 = 1e15;
+  hw.peak_flops_fp32 = 2.5e14;
+  hw.hbm_bytes = 80e9;
+  hw.hbm_bandwidth = 2e12;
+  hw.ring_bandwidth = 100e9;
+  hw.cross_host_bandwidth = 25e9;
+  hw.link_latency = 1e-6;
+  hw.devices_per_host = 8;
+  return hw;
+}
+
+CollectiveStat Stat(const std::string& kind, int64_t bytes, std::vector<int64_t> group) {
+  CollectiveStat c;
+  c.kind = kind;
+  c.group_size = static_cast<int64_t>(group.size());
+  c.bytes = bytes;
+  c.first_group = std::move(group);
+  return c;
+}
+
+TEST(CostModelTest, RingFormulasInsideOneHost) {
+  const Hardware hw = TestHardware();
+  const std::vector<int64_t> g4 = {0, 1, 2, 3};
+  // n = 4, s = 1e6 B, B = 100e9 B/s, one link step = 1 us.
+  // all-gather: (n-1) s / B + (n-1) lat = 3e6/1e11 + 3e-6 = 3e-5 + 3e-6 = 3.3e-5.
+  CollectiveTime ag = CollectiveSeconds(Stat("all-gather", 1000000, g4), hw);
+  EXPECT_EQ(ag.kind, "all-gather");
+  EXPECT_FALSE(ag.crosses_hosts);
+  EXPECT_TRUE(Close(ag.seconds, 3.3e-5)) << ag.seconds;
+  // all-reduce: 2 (n-1)/n s / B + 2 (n-1) lat = 1.5e6/1e11 + 6e-6 = 1.5e-5 + 6e-6 = 2.1e-5.
+  CollectiveTime ar = CollectiveSeconds(Stat("all-reduce", 1000000, g4), hw);
+  EXPECT_TRUE(Close(ar.seconds, 2.1e-5)) << ar.seconds;
+  // reduce-scatter: (n-1)/n s / B + (n-1) lat = 7.5e5/1e11 + 3e-6 = 7.5e-6 + 3e-6 = 1.05e-5.
+  CollectiveTime rs = CollectiveSeconds(Stat("reduce-scatter", 1000000, g4), hw);
+  EXPECT_TRUE(Close(rs.seconds, 1.05e-5)) << rs.seconds;
+  // all-to-all moves (n-1)/n of its buffer too: 1.05e-5.
+  CollectiveTime a2a = CollectiveSeconds(Stat("all-to-all", 1000000, g4), hw);
+  EXPECT_TRUE(Close(a2a.seconds, 1.05e-5)) << a2a.seconds;
+  // collective-permute: one exchange: s / B + lat = 1e-5 + 1e-6 = 1.1e-5.
+  CollectiveTime cp = CollectiveSeconds(Stat("collective-permute", 1000000, g4), hw);
+  EXPECT_TRUE(Close(cp.seconds, 1.1e-5)) << cp.seconds;
+  // all-reduce over n = 2: 2 * 1/2 * 1e6 / 1e11 + 2 * 1e-6 = 1e-5 + 2e-6 = 1.2e-5.
+  CollectiveTime ar2 = CollectiveSeconds(Stat("all-reduce", 1000000, {4, 5}), hw);
+  EXPECT_TRUE(Close(ar2.seconds, 1.2e-5)) << ar2.seconds;
+  // A group of one moves nothing.
+  EXPECT_EQ(CollectiveSeconds(Stat("all-reduce", 1000000, {3}), hw).seconds, 0.0);
+}
+
+TEST(CostModelTest, GroupsAcrossHostsRideTheSlowerLinks) {
+  Hardware hw = TestHardware();  // 8 devices per host
+  // {0, 8, 16, 24}: one device on each of hosts 0..3. all-gather of 1e6 B at 25e9 B/s:
+  // 3e6 / 25e9 + 3e-6 = 1.2e-4 + 3e-6 = 1.23e-4.
+  CollectiveTime across = CollectiveSeconds(Stat("all-gather", 1000000, {0, 8, 16, 24}), hw);
+  EXPECT_TRUE(across.crosses_hosts);
+  EXPECT_TRUE(Close(across.seconds, 1.23e-4)) << across.seconds;
+  // {8, 9, 10, 11}: all on host 1 (8/8 = 11/8 = 1): ring bandwidth, 3.3e-5.
+  CollectiveTime inside = CollectiveSeconds(Stat("all-gather", 1000000, {8, 9, 10, 11}), hw);
+  EXPECT_FALSE(inside.crosses_hosts);
+  EXPECT_TRUE(Close(inside.seconds, 3.3e-5)) << inside.seconds;
+  // {6, 7, 8, 9} straddles hosts 0 and 1. all-reduce: 1.5e6 / 25e9 + 6e-6 = 6e-5 + 6e-6.
+  CollectiveTime straddle = CollectiveSeconds(Stat("all-reduce", 1000000, {6, 7, 8, 9}), hw);
+  EXPECT_TRUE(straddle.crosses_hosts);
+  EXPECT_TRUE(Close(straddle.seconds, 6.6e-5)) << straddle.seconds;
+  // devices_per_host = 0: one interconnect (a TPU slice), nothing crosses.
+  hw.devices_per_host = 0;
+  CollectiveTime slice = CollectiveSeconds(Stat("all-gather", 1000000, {0, 8, 16, 24}), hw);
+  EXPECT_FALSE(slice.crosses_hosts);
+  EXPECT_TRUE(Close(slice.seconds, 3.3e-5)) << slice.seconds;
+}
+
+TEST(CostModelTest, OpSecondsIsARoofline) {
+  const Hardware hw = TestHardware();
+  EXPECT_EQ(hw.PeakFlops(DType::kBFloat16), 1e15);
+  EXPECT_EQ(hw.PeakFlops(DType::kFloat16), 1e15);
+  EXPECT_EQ(hw.PeakFlops(DType::kFloat32), 2.5e14);
+
+  OpCost big;
+  big.flops = 2e12;
+  big.bytes = 1000000000;  // 1e9
+  big.dtype = DType::kBFloat16;
+  // Compute-bound: 2e12 / 1e15 = 2e-3 s against 1e9 / 2e12 = 5e-4 s of memory traffic.
+  EXPECT_TRUE(Close(OpSeconds(big, hw), 2e-3)) << OpSeconds(big, hw);
+  // The same op in fp32 runs at the fp32 peak: 2e12 / 2.5e14 = 8e-3 s.
+  big.dtype = DType::kFloat32;
+  EXPECT_TRUE(Close(OpSeconds(big, hw), 8e-3)) << OpSeconds(big, hw);
+
+  OpCost stream;
+  stream.flops = 1e9;
+  stream.bytes = 4000000000;  // 4e9
+  stream.dtype = DType::kFloat32;
+  // Memory-bound: 4e9 / 2e12 = 2e-3 s against 1e9 / 2.5e14 = 4e-6 s of compute.
+  EXPECT_TRUE(Close(OpSeconds(stream, hw), 2e-3)) << OpSeconds(stream, hw);
+
+  EXPECT_EQ(OpSeconds(OpCost{}, hw), 0.0);  // nothing to do
+}
+
+TEST(CostModelTest, EstimateStepSumsOpsAndCollectives) {
+  const Hardware hw = TestHardware();
+  ProgramStats stats;
+  OpCost mm;  // compute-bound bf16: 2e-3 s (above)
+  mm.op = "aten::mm";
+  mm.flops = 2e12;
+  mm.bytes = 1000000000;
+  mm.dtype = DType::kBFloat16;
+  OpCost add;  // memory-bound fp32: 2e-3 s (above)
+  add.op = "aten::add.Tensor";
+  add.flops = 1e9;
+  add.bytes = 4000000000;
+  add.dtype = DType::kFloat32;
+  stats.op_costs = {mm, add};
+  stats.collectives = {Stat("all-gather", 1000000, {0, 1, 2, 3}),   // 3.3e-5 s
+                       Stat("all-reduce", 1000000, {0, 8, 16, 24})}; // 1.5e6/25e9 + 6e-6 = 6.6e-5
+  StepEstimate e = EstimateStep(stats, hw);
+  ASSERT_EQ(e.op_seconds.size(), 2u);
+  ASSERT_EQ(e.collective_seconds.size(), 2u);
+  EXPECT_TRUE(Close(e.op_seconds[0], 2e-3));
+  EXPECT_TRUE(Close(e.op_seconds[1], 2e-3));
+  EXPECT_EQ(e.collective_seconds[0].kind, "all-gather");
+  EXPECT_FALSE(e.collective_seconds[0].crosses_hosts);
+  EXPECT_TRUE(e.collective_seconds[1].crosses_hosts);
+  EXPECT_TRUE(Close(e.collective_seconds[1].seconds, 6.6e-5));
+  EXPECT_TRUE(Close(e.compute_seconds, 4e-3)) << e.compute_seconds;
+  EXPECT_TRUE(Close(e.communication_seconds, 3.3e-5 + 6.6e-5)) << e.communication_seconds;
+  // No overlap: 4e-3 + 9.9e-5 = 4.099e-3; full overlap: max(4e-3, 9.9e-5) = 4e-3.
+  EXPECT_TRUE(Close(e.step_seconds, 4.099e-3)) << e.step_seconds;
+  EXPECT_TRUE(Close(e.overlapped_step_seconds, 4e-3)) << e.overlapped_step_seconds;
+}
+
+// The model applied to a partitioned program's own statistics.
+TEST(CostModelTest, EstimateStepOfAPartitionedMm) {
+  MeshPtr mesh = MakeMesh({4}, {"model"});
+  ir::Value x = Param(F32({8, 16}), Spec(mesh, {{}, {"model"}}));
+  ir::Value w = Param(F32({16, 32}), Spec(mesh, {{"model"}, {}}));
+  Program p = PartitionGraph(ir::BuildGraph({Mm(x, w)}), 4);
+  Hardware hw;
+  hw.peak_flops_bf16 = 4e12;
+  hw.peak_flops_fp32 = 1e12;
+  hw.hbm_bandwidth = 1e11;
+  hw.ring_bandwidth = 1e10;
+  hw.link_latency = 1e-6;
+  StepEstimate e = EstimateStep(p.stats, hw);
+  // mm: 2048 FLOPs / 1e12 = 2.048e-9 s; 1664 B / 1e11 = 1.664e-8 s: memory-bound, 1.664e-8.
+  // all-reduce of 1024 B over 4: 2 * 3/4 * 1024 = 1536 B / 1e10 = 1.536e-7 s, + 6 * 1e-6 s
+  // = 6.1536e-6 s.
+  EXPECT_TRUE(Close(e.compute_seconds, 1.664e-8)) << e.compute_seconds;
+  EXPECT_TRUE(Close(e.communication_seconds, 6.1536e-6)) << e.communication_seconds;
+  EXPECT_TRUE(Close(e.step_seconds, 1.664e-8 + 6.1536e-6)) << e.step_seconds;
+  EXPECT_TRUE(Close(e.overlapped_step_seconds, 6.1536e-6)) << e.overlapped_step_seconds;
+}
+
+}  // namespace
+}  // namespace spmd::partition

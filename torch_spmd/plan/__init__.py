@@ -1,0 +1,112 @@
+"""Plan mode: a pod-sized training step analysed on one machine.
+
+  >>> with torch_spmd.plan.Plan(num_devices=64, hardware="tpu-v4") as p:
+  ...     with torch.device("spmd"):
+  ...         model = GPT(cfg)                          # no memory is allocated
+  ...     model = SpmdFullyShardedDataParallel(model, mesh=xs.get_1d_mesh("fsdp"))
+  ...     opt = torch.optim.AdamW(model.parameters())
+  ...     loss = model(idx).mean(); loss.backward(); opt.step()
+  ...     xm.mark_step()                              # partitioned and analysed, not run
+  ...     print(p.report())
+
+Inside a plan, spmd tensors hold shape, dtype and sharding but no data: factories, uploads and
+``to_empty`` allocate nothing, and ``mark_step`` records, propagates and partitions the step as
+usual (the same compiler, the same cache) but executes nothing; its outputs become data-less
+tensors in the layouts the program would produce. Reading values (``.cpu()``, ``.item()``,
+``local_shards``) raises a RuntimeError naming the plan. ``p.report()`` describes the last
+planned step: per-device peak and resident bytes, FLOPs, every collective with its bytes, the
+predicted step time and MFU on ``hardware`` (see ``torch_spmd.plan.hardware``), and the
+assumptions behind them. See docs/plan_mode.md.
+"""
+from typing import Optional, Sequence, Union
+
+from .. import _C
+from .. import runtime as xr
+from .hardware import PRESETS, measure_host, resolve  # noqa: F401
+from .report import ASSUMPTIONS, PlanReport, build_report  # noqa: F401
+
+__all__ = ["Plan", "PlanReport", "PRESETS", "resolve", "measure_host", "report_last_step"]
+
+
+class Plan:
+    """Context manager for plan mode (see the module docstring).
+
+    Args:
+        num_devices: devices of the planned pod (default: the current device count,
+            ``SPMD_NUM_DEVICES``). The emulated device set is resized for the plan and restored
+            after it, which needs no live device buffers when the count changes.
+        hardware: a preset name (``'tpu-v4'``, ``'tpu-v5e'``, ``'tpu-v5p'``, ``'a100-80gb'``,
+            ``'h100-80gb'``, ``'host'``) or a dict of numbers (``torch_spmd.plan.hardware``).
+        mesh_shape: if given, a mesh of that shape over all devices becomes the global mesh
+            (``xs.get_global_mesh()``), with ``axis_names`` if given.
+    """
+
+    def __init__(self, num_devices: Optional[int] = None, hardware: Union[str, dict] = "tpu-v4",
+                 mesh_shape: Optional[Sequence[int]] = None,
+                 axis_names: Optional[Sequence[str]] = None):
+        if num_devices is not None and (isinstance(num_devices, bool) or
+                                        not isinstance(num_devices, int) or num_devices < 1):
+            raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
+        self.num_devices = num_devices
+        self.hardware = resolve(hardware)
+        self.mesh_shape = tuple(mesh_shape) if mesh_shape is not None else None
+        self.axis_names = tuple(axis_names) if axis_names is not None else None
+        self.mesh = None
+        self._restore = None
+        self._previous_mesh = None
+
+    def __repr__(self) -> str:
+        n = self.num_devices if self.num_devices is not None else "current"
+        return f"torch_spmd.plan.Plan(num_devices={n}, hardware={self.hardware['name']!r})"
+
+    def __enter__(self) -> "Plan":
+        if _C._planning():
+            raise RuntimeError(f"{self!r}: plans do not nest (another plan is active)")
+        current = xr.global_runtime_device_count()
+        n = self.num_devices if self.num_devices is not None else current
+        limit = _C._memory_info(0)["bytes_limit"]
+        capacity = int(self.hardware["hbm_bytes"])
+        if n != current or limit != capacity:
+            try:
+                xr.configure_devices(n, capacity)
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"{self!r} needs {n} devices of {capacity} bytes, but the device set "
+                    f"({current} devices) cannot be reconfigured while device buffers are live: "
+                    f"{e}. Enter the plan before creating real spmd tensors, or plan with "
+                    f"num_devices={current}.") from None
+            self._restore = (current, limit)
+        self.num_devices = n
+        _C._set_planning(True, repr(self))
+        if self.mesh_shape is not None:
+            import numpy as np
+            from ..distributed.spmd import mesh as mesh_mod
+            self._previous_mesh = mesh_mod.get_global_mesh()
+            self.mesh = mesh_mod.Mesh(np.arange(n), self.mesh_shape, self.axis_names)
+            mesh_mod.set_global_mesh(self.mesh)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _C._set_planning(False, "")
+        if self.mesh is not None:
+            from ..distributed.spmd import mesh as mesh_mod
+            mesh_mod.set_global_mesh(self._previous_mesh)
+        if self._restore is not None:
+            n, limit = self._restore
+            self._restore = None
+            try:
+                xr.configure_devices(n, limit)
+            except RuntimeError:
+                # Real buffers were made inside the plan (not through the recorder); the
+                # plan's device set stays until they are freed.
+                pass
+
+    def report(self) -> PlanReport:
+        """The last planned step's report (per-device memory, FLOPs, collectives, predicted
+        step time and MFU on this plan's hardware)."""
+        return build_report(self.num_devices or xr.global_runtime_device_count(), self.hardware)
+
+
+def report_last_step(hardware: Union[str, dict] = "host") -> PlanReport:
+    """The same report for the last *executed* step, on ``hardware`` (outside any plan)."""
+    return build_report(xr.global_runtime_device_count(), resolve(hardware))
