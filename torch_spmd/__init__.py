@@ -11,8 +11,10 @@ from ._device import device, is_spmd_tensor, sync
 from . import _patches
 from . import debug  # noqa: F401
 from . import _autograd_exit  # noqa: F401  (see its docstring)
+from . import _threads
 
 _C._init()
 _patches.install()
+_threads.configure_threads()  # intra-op threads = this process's cores (SPMD_NUM_THREADS)
 
 __all__ = ["device", "sync", "is_spmd_tensor"]

@@ -1,0 +1,38 @@
+"""Smoke test of benchmarks/step_time.py (issue 11): the --quick run (tiny models, no gloo, no
+JAX) finishes, prints every row of its table and the matmul-bound line, every spmd row's
+losses agree with CPU eager, and --out writes the section ready for docs/benchmarks.md."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "step_time.py")
+
+
+def test_step_time_quick(tmp_path):
+    out = tmp_path / "bench.md"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--skip-jax", "--skip-gloo", "--steps", "2",
+         "--warmup", "1", "--threads", "1", "--out", str(out)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("| config | s/step | vs eager | vs gloo DDP | vs JAX |")
+    rows = [line for line in lines[2:] if line.startswith("| ")]
+    labels = [row.split("|")[1].strip() for row in rows]
+    assert labels[0].startswith("CPU eager")
+    for want in ("spmd, 1 device", "spmd, 8 devices, data parallel", "spmd, 8 devices, FSDP",
+                 "spmd, 8 devices, 2-D"):
+        assert any(label.startswith(want) for label in labels), (want, labels)
+    assert len(rows) == 5
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        float(cells[1])                                   # a time, not an error
+        assert cells[2].endswith("x")
+        assert cells[5].startswith("ok ("), row           # loss check against eager
+    matmul = [line for line in lines if line.startswith("Matmul-bound")]
+    assert len(matmul) == 1 and "of the host's fp32 matmul peak" in matmul[0]
+    assert "loss vs eager ok" in matmul[0]
+    text = out.read_text()
+    assert "## Step time" in text and "| config | s/step |" in text

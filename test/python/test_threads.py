@@ -1,0 +1,57 @@
+"""Intra-op threads on import (torch_spmd/_threads.py): the cores of the process by default,
+SPMD_NUM_THREADS when set, torch's own choice when OMP_NUM_THREADS / MKL_NUM_THREADS is set.
+Each case runs in a fresh interpreter, since the rule applies once, on import."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROBE = ("import os, torch, torch_spmd; "
+         "print(torch.get_num_threads(), len(os.sched_getaffinity(0)))")
+
+
+def _threads(preexec_fn=None, **env_vars):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SPMD_NUM_THREADS")}
+    env.update(env_vars)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, preexec_fn=preexec_fn)
+    assert out.returncode == 0, out.stderr
+    threads, cores = map(int, out.stdout.split())
+    return threads, cores
+
+
+def test_default_is_the_process_cores():
+    threads, cores = _threads()
+    assert threads == cores
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_default_follows_the_affinity_mask():
+    first = min(os.sched_getaffinity(0))
+    threads, cores = _threads(preexec_fn=lambda: os.sched_setaffinity(0, {first}))
+    assert (threads, cores) == (1, 1)
+
+
+def test_spmd_num_threads():
+    assert _threads(SPMD_NUM_THREADS="1")[0] == 1
+    assert _threads(SPMD_NUM_THREADS="3")[0] == 3
+
+
+def test_spmd_num_threads_wins_over_omp():
+    assert _threads(SPMD_NUM_THREADS="2", OMP_NUM_THREADS="1")[0] == 2
+
+
+def test_omp_num_threads_is_left_to_torch():
+    assert _threads(OMP_NUM_THREADS="1")[0] == 1
+
+
+def test_bad_value_raises():
+    env = {k: v for k, v in os.environ.items() if k != "SPMD_NUM_THREADS"}
+    env.update(SPMD_NUM_THREADS="zero", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", "import torch_spmd"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "SPMD_NUM_THREADS" in out.stderr
