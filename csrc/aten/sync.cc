@@ -171,6 +171,60 @@ void RecordStepMemory(const partition::Program& program, const std::vector<bool>
   stats.device_peak_bytes = beside + stats.peak_bytes_per_device;
 }
 
+// The mesh a sharding constraint tiles over, or null. (Parameters on another mesh than the
+// program's are relaid out on the host before the run; constraints cannot be.)
+const Mesh* TiledMeshOf(const ir::Node& n) {
+  if (n.op() != ir::InternalOps::Get().sharding_constraint) return nullptr;
+  const Sharding& s = n.shardings().at(0);
+  return s.IsReplicated() ? nullptr : &s.mesh();
+}
+
+// A program runs on one mesh. Values annotated on different meshes (unrelated tensors marked
+// with meshes of different shapes) are synced as separate programs, one per group of connected
+// values; values on different meshes that meet in one computation are an error. Returns the
+// outputs grouped that way (one group when a single mesh, or none, is involved).
+std::vector<std::vector<ir::Value>> GroupOutputsByMesh(const ir::Graph& graph) {
+  std::vector<const Mesh*> meshes;
+  for (const ir::NodePtr& n : graph.nodes)
+    if (const Mesh* m = TiledMeshOf(*n))
+      if (std::none_of(meshes.begin(), meshes.end(), [&](const Mesh* o) { return *o == *m; }))
+        meshes.push_back(m);
+  if (meshes.size() <= 1) return {graph.outputs};
+  // Connected components over the graph's edges (union-find on node positions).
+  std::vector<int> parent(graph.nodes.size());
+  for (size_t i = 0; i < parent.size(); ++i) parent[i] = static_cast<int>(i);
+  auto find = [&](int x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  for (size_t i = 0; i < graph.nodes.size(); ++i)
+    for (const ir::Value& in : graph.nodes[i]->inputs())
+      parent[find(graph.PositionOf(in.node.get()))] = find(static_cast<int>(i));
+  std::unordered_map<int, const Mesh*> mesh_of;  // component -> its mesh
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Mesh* m = TiledMeshOf(*graph.nodes[i]);
+    if (!m) continue;
+    auto [it, fresh] = mesh_of.emplace(find(static_cast<int>(i)), m);
+    TORCH_CHECK(fresh || *it->second == *m,
+                "one computation constrains values to shardings on different meshes: ",
+                it->second->ToString(), " and ", m->ToString(),
+                "; annotate the values it computes with one mesh");
+  }
+  // One group per mesh (components without an annotation join the first group).
+  std::vector<std::vector<ir::Value>> groups(meshes.size());
+  for (const ir::Value& out : graph.outputs) {
+    auto it = mesh_of.find(find(graph.PositionOf(out.node.get())));
+    size_t g = 0;
+    if (it != mesh_of.end())
+      while (!(*meshes[g] == *it->second)) ++g;
+    groups[g].push_back(out);
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [](const std::vector<ir::Value>& g) { return g.empty(); }),
+               groups.end());
+  return groups;
+}
+
 // Plan mode: the step is partitioned (and cached) like a real one, then analysed instead of
 // run; its outputs become planned data in the layouts the program produces them in.
 void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
@@ -218,6 +272,16 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
   MergeAnnotatedCopies(outputs, slots_of);
 
   ir::Graph graph = ir::BuildGraph(outputs);
+  std::vector<std::vector<ir::Value>> groups = GroupOutputsByMesh(graph);
+  if (groups.size() > 1) {
+    for (const std::vector<ir::Value>& group : groups) {
+      std::vector<SlotPtr> group_slots;
+      for (const ir::Value& v : group)
+        for (const SlotPtr* s : slots_of.at(v)) group_slots.push_back(*s);
+      SyncSlots(group_slots);
+    }
+    return;
+  }
   if (runtime::Planning()) return PlanStep(graph, outputs, slots_of);
   for (const ir::NodePtr& p : graph.params)
     if (std::static_pointer_cast<runtime::DeviceData>(p->data())->planned())

@@ -14,22 +14,27 @@ namespace spmd::partition {
 
 namespace {
 
-// The mesh the graph's annotations live on: the first tiled (or partial) parameter or
-// constraint's. A replicated layout says nothing about the mesh (plain uploads carry a default
-// one), so it only decides when nothing is tiled; otherwise a replicated parameter listed first
-// would make every sharded one look foreign and be gathered on the host.
+// The mesh the graph's annotations live on: the first tiled constraint's (a constraint can
+// only be met on its own mesh), else the first tiled (or partial) parameter's (parameters on
+// another mesh are relaid out on the host). A replicated layout says nothing about the mesh
+// (plain uploads carry a default one), so it only decides when nothing is tiled; otherwise a
+// replicated parameter listed first would make every sharded one look foreign and be gathered
+// on the host.
 MeshPtr FindMesh(const ir::Graph& graph) {
   const auto& ops = ir::InternalOps::Get();
-  MeshPtr fallback;
+  MeshPtr tiled_param, fallback;
   for (const ir::NodePtr& n : graph.nodes) {
     const Sharding* s = nullptr;
     if (n->is_data() && n->data()->sharding().valid()) s = &n->data()->sharding();
     if (n->op() == ops.sharding_constraint) s = &n->shardings().at(0);
     if (!s) continue;
-    if (!s->IsReplicated()) return s->mesh_ptr();
+    if (!s->IsReplicated()) {
+      if (n->op() == ops.sharding_constraint) return s->mesh_ptr();
+      if (!tiled_param) tiled_param = s->mesh_ptr();
+    }
     if (!fallback) fallback = s->mesh_ptr();
   }
-  return fallback;
+  return tiled_param ? tiled_param : fallback;
 }
 
 class Partitioner {

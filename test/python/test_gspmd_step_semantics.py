@@ -177,3 +177,30 @@ def test_gradient_accumulation_communicates_once_when_deferred(defer):
     cpu_opt.step()
     for (name, p), q in zip(model.named_parameters(), cpu.parameters()):
         assert_same(p.detach().cpu(), q.detach(), f"param {name}")
+
+
+def test_unrelated_values_on_different_meshes_sync_as_separate_programs():
+    # Two meshes of different shapes over the same devices: each value's program runs on its
+    # own mesh (PyTorch/XLA's test_xla_sharding does this between tests).
+    dev = torch_spmd.device()
+    a0, b0 = torch.randn(1, 128), torch.randn(8)
+    mesh_a, mesh_b = xs.Mesh(np.arange(8), (1, 8)), xs.Mesh(np.arange(8), (8,))
+    a = a0.to(dev) + 1
+    xs.mark_sharding(a, mesh_a, (0, 1))
+    b = b0.to(dev) + 1
+    xs.mark_sharding(b, mesh_b, (0,))
+    torch_spmd.sync()
+    assert xs.get_sharding_spec(a) == mesh_a.get_op_sharding((0, 1))
+    assert xs.get_sharding_spec(b) == mesh_b.get_op_sharding((0,))
+    assert_same(a.cpu(), a0 + 1, "a")
+    assert_same(b.cpu(), b0 + 1, "b")
+    # Data on two meshes read by one computation: the foreign one is relaid out.
+    assert_same((a.sum() + b.sum()).cpu(), (a0 + 1).sum() + (b0 + 1).sum(), "a.sum() + b.sum()")
+    # Constraints on two meshes in one computation cannot be met by one program.
+    c = a * 2
+    xs.mark_sharding(c, mesh_a, (0, 1))
+    d = b * 2
+    xs.mark_sharding(d, mesh_b, (0,))
+    with pytest.raises(RuntimeError, match="constrains values to shardings on different meshes"):
+        (c.sum() + d.sum()).cpu()
+    assert_same(c.cpu(), (a0 + 1) * 2, "c after the failed step")
