@@ -354,8 +354,12 @@ def test_sharded_tensor_wrapper_ops():
     assert st.global_tensor is t
     y = st * 2 + 1
     assert isinstance(y, XLAShardedTensor) and y.mesh_shape is None
-    host = y.cpu()
-    assert type(host) is torch.Tensor and torch.allclose(host, x * 2 + 1)
+    host = y.cpu()  # wrapped too, as in PyTorch/XLA; host-memory methods see the CPU tensor
+    assert isinstance(host, XLAShardedTensor) and host.device.type == "cpu"
+    assert type(host.global_tensor) is torch.Tensor and torch.allclose(host, x * 2 + 1)
+    assert host.sharding_spec == "" and host.sharding_type is None
+    assert np.allclose(host.numpy(), (x * 2 + 1).numpy())
+    assert host.tolist() == host.global_tensor.tolist()
     assert st.add_(1) is st  # in-place ops return the wrapper they ran on
     assert torch.allclose(t.cpu(), x + 1)
     assert repr(st).startswith("XLAShardedTensor(tensor(")
@@ -523,3 +527,135 @@ def test_private_spec_binding_still_works_on_plain_tensors():
     assert _C._get_sharding_spec(t) == ""
     xs.mark_sharding(t, xs.get_1d_mesh(), (None,))
     assert _C._get_sharding_spec(t) == "{replicated}"
+
+
+# ---------------------------------------------------------------------------------------------
+# XLAShardedTensor as a DTensor (PyTorch/XLA 2.x): placements, _spec, device_mesh, redistribute
+
+
+def test_sharded_tensor_is_a_dtensor_with_placements():
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+    mesh = mesh_4x2()
+    st = xs.mark_sharding(dev_tensor(torch.randn(8, 4)), mesh, ("model", None))
+    assert isinstance(st, DTensor)
+    assert st.placements == (Replicate(), Shard(0))  # one per mesh axis: data, model
+    spec = st._spec
+    assert spec is st._spec  # cached
+    assert spec.mesh.device_type == "xla" and spec.mesh.shape == (4, 2)
+    assert spec.mesh.mesh_dim_names == ("data", "model")
+    assert spec.mesh.mesh.tolist() == mesh.get_logical_mesh().tolist()
+    assert st.device_mesh is spec.mesh
+    assert tuple(spec.tensor_meta.shape) == (8, 4) and spec.tensor_meta.dtype == torch.float32
+    # A dim tiled over two mesh axes is Shard(dim) on both, in the tuple's (major first) order.
+    both = xs.mark_sharding(dev_tensor(torch.randn(8, 4)), mesh, (None, ("data", "model")))
+    assert both.placements == (Shard(1), Shard(1))
+    rev = xs.mark_sharding(dev_tensor(torch.randn(8, 4)), mesh, (("model", "data"), None))
+    assert rev.placements == (Shard(0), Shard(0))
+    assert [tuple(e.mesh_dims) for e in rev._spec.shard_order] == [(1, 0)]
+    # A custom device order is kept.
+    custom = Mesh([7, 6, 5, 4, 3, 2, 1, 0], (8,))
+    c = xs.mark_sharding(dev_tensor(torch.randn(8)), custom, (0,))
+    assert c._spec.mesh.mesh.tolist() == [7, 6, 5, 4, 3, 2, 1, 0]
+    # Re-annotating through wrap_as_sharded_tensor invalidates the cached spec.
+    st2 = xs.wrap_as_sharded_tensor(st, mesh_shape=(8,), partition_spec=(0, None))
+    assert st2 is st and st._spec is not spec and st.placements == (Shard(0),)
+
+
+def test_sharded_tensor_without_annotation_has_no_placements():
+    st = xs.mark_sharding(dev_tensor(torch.randn(8, 4)), mesh_4x2(), ("data", None))
+    result = st + st  # an op result: no recorded annotation
+    assert isinstance(result, XLAShardedTensor) and result.mesh_shape is None
+    with pytest.raises(ValueError, match="mesh_shape must be specified"):
+        result._spec
+    with pytest.raises(ValueError, match="Placements not available"):
+        result.placements
+    with pytest.raises(ValueError, match="Placements not available"):
+        XLAShardedTensor(torch.randn(3)).placements
+
+
+def test_distribute_tensor_keeps_the_device_mesh():
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.placement_types import Shard
+    dm = DeviceMesh("xla", torch.arange(N).reshape(2, 4), mesh_dim_names=("a", "b"))
+    x = torch.randn(8, 12)
+    st = xs.xla_distribute_tensor(x, dm, [Shard(1), Shard(0)])
+    assert st.device_mesh is dm and st.placements == (Shard(1), Shard(0))
+    assert st.sharding_spec == "{devices=[4,2]0,4,1,5,2,6,3,7}"
+    assert torch.equal(st.global_tensor.cpu(), x)
+
+
+def test_redistribute_is_a_resharded_copy():
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+    mesh = xs.get_1d_mesh("x")
+    x = torch.randn(8, 16)
+    t = dev_tensor(x)
+    st = xs.mark_sharding(t, mesh, ("x", None))
+    for placements, pspec, expected in [([Shard(1)], (None, 0), "{devices=[1,8]0,1,2,3,4,5,6,7}"),
+                                        ([Replicate()], (None, None), "{replicated}"),
+                                        ([Shard(0)], (0, None), "{devices=[8,1]0,1,2,3,4,5,6,7}")]:
+        r = st.redistribute(mesh, placements)
+        assert r.partition_spec == pspec and r.placements == tuple(placements)
+        torch_spmd.sync()
+        assert spec_of(r.global_tensor) == expected
+        assert torch.equal(r.global_tensor.cpu(), x)
+        assert spec_of(t) == "{devices=[8,1]0,1,2,3,4,5,6,7}"  # the source keeps its sharding
+    mesh2 = mesh_4x2()
+    r = xs.mark_sharding(dev_tensor(x), mesh2, ("data", None)).redistribute(
+        mesh2, [Replicate(), Shard(1)])
+    torch_spmd.sync()
+    assert r.partition_spec == (None, 1)
+    assert spec_of(r.global_tensor) == mesh2.get_op_sharding((None, 1))
+    with pytest.raises(IndexError):
+        st.redistribute(mesh, [Shard(2)])
+    with pytest.raises(ValueError):
+        st.redistribute(mesh, [Shard(0), Shard(1)])
+    with pytest.raises(NotImplementedError):
+        st.redistribute(mesh, [Partial()])
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops mixing an XLAShardedTensor with plain spmd tensors
+
+
+def test_module_on_sharded_input_returns_sharded_tensor_with_autograd():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    model.load_state_dict(ref.state_dict())
+    model.to(torch_spmd.device())
+    x = torch.randn(8, 16)
+    st = xs.mark_sharding(dev_tensor(x), mesh_4x2(), ("data", None))
+    plain_out = model(dev_tensor(x))
+    assert type(plain_out) is torch.Tensor and "XLAShardedTensor" not in str(plain_out)
+    out = model(st)
+    assert isinstance(out, XLAShardedTensor) and "XLAShardedTensor" in str(out)
+    assert out.grad_fn is not None and torch._is_functional_tensor(out.global_tensor)
+    loss = (out * out).sum()
+    loss.backward()
+    ref_loss = (ref(x) ** 2).sum()
+    ref_loss.backward()
+    torch.testing.assert_close(loss.cpu().global_tensor, ref_loss.detach())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        # Gradients are plain (functional) spmd tensors, as for a plain input.
+        assert type(p.grad) is torch.Tensor and torch._is_functional_tensor(p.grad)
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_mixed_ops_keep_inplace_identity_and_leaf_gradients():
+    x = torch.randn(8, 4)
+    t = dev_tensor(x)
+    st = xs.mark_sharding(dev_tensor(x), mesh_4x2(), ("data", None))
+    s = st + t
+    assert isinstance(s, XLAShardedTensor) and s.grad_fn is None
+    assert torch.equal(s.cpu().global_tensor, x + x)
+    assert t.add_(st) is t and type(t) is torch.Tensor  # in place: the tensor it ran on
+    assert torch.equal(t.cpu(), x + x)
+    leaf = XLAShardedTensor(dev_tensor(x), requires_grad=True)
+    w = dev_tensor(torch.randn(4, 3))
+    (leaf @ w).sum().backward()
+    torch.testing.assert_close(leaf.grad.cpu(), w.cpu().sum(1).expand(8, 4).contiguous())

@@ -145,7 +145,10 @@ def test_send_cpu_data_to_device_replicated():
     out = xm.send_cpu_data_to_device(x, xm.xla_device())
     assert isinstance(out, list) and len(out) == 1
     assert torch_spmd.is_spmd_tensor(out[0]) and torch.equal(out[0].cpu(), x)
-    assert _C._get_sharding_spec(out[0]) == ""
+    # As PyTorch/XLA (the data is created replicated on every device and the tensor carries
+    # that sharding); a plain t.to(device) has none.
+    assert _C._get_sharding_spec(out[0]) == "{replicated}"
+    assert _C._get_sharding_spec(x.to(xm.xla_device())) == ""
     nested = xm.send_cpu_data_to_device({"x": x, "l": [x, 3]}, xm.xla_device())
     assert torch_spmd.is_spmd_tensor(nested["x"]) and nested["l"][1] == 3
     assert torch.equal(nested["l"][0].cpu(), x)
@@ -159,7 +162,7 @@ def test_send_cpu_data_to_device_sharded_never_holds_the_whole_batch():
     _C._reset_peak_memory()
     out = xm.send_cpu_data_to_device([x, torch.randn(3)], xm.xla_device(), spec)
     assert _C._get_sharding_spec(out[0]) == "{devices=[8,1]0,1,2,3,4,5,6,7}"
-    assert _C._get_sharding_spec(out[1]) == ""  # rank 1: the spec does not apply
+    assert _C._get_sharding_spec(out[1]) == "{replicated}"  # rank 1: the spec does not apply
     for i in range(N):
         info = xm.get_memory_info(i)
         assert info["bytes_used"] - before[i] == 1024 + 12

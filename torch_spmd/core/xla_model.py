@@ -155,9 +155,21 @@ def save(data, file_or_path, master_only: bool = True, global_master: bool = Fal
         torch.save(cpu_data, file_or_path)
 
 
+def _upload_replicated(host: torch.Tensor) -> torch.Tensor:
+    """``host`` uploaded whole to every device, with the sharding ``{replicated}``.
+
+    As PyTorch/XLA's ``send_cpu_data_to_device`` without a sharding: it creates the device data
+    replicated over the devices, and the tensor carries that data's ``{replicated}`` sharding
+    (whereas ``t.to(device)`` leaves a tensor with none, ``""``). A new leaf, like the upload.
+    """
+    n = runtime.global_runtime_device_count()
+    out = _C._upload_sharded(host.detach(), list(range(n)), [n], [], [[] for _ in host.shape])
+    return out.requires_grad_() if host.requires_grad else out
+
+
 def _send_to_device(datas, input_sharding):
     """Moves every CPU tensor in ``datas`` to the spmd device, laid out by ``input_sharding``
-    (a ShardingSpec or None = replicated) where its rank fits."""
+    (a ShardingSpec or None = replicated: ``{replicated}``) where its rank fits."""
 
     def select(v):
         return type(v) == torch.Tensor and v.device.type == "cpu"
@@ -174,7 +186,7 @@ def _send_to_device(datas, input_sharding):
                         "When minibatch is configured, the per-host batch size must be divisible "
                         + "by local runtime device count. Per host input data shape " +
                         f"= {t.size()}, local_runtime_device_count = {count}")
-        return [spec._upload(t) if spec is not None else t.to(_device(0))
+        return [spec._upload(t) if spec is not None else _upload_replicated(t)
                 for t, spec in zip(tensors, specs)]
 
     return map_tensors(datas, select, convert)
@@ -184,8 +196,9 @@ def send_cpu_data_to_device(datas, device, input_sharding=None):
     """Moves the CPU tensors in ``datas`` (a tensor, or dicts/lists/tuples of them) to the spmd
     device; a single tensor comes back as a one-element list, as in PyTorch/XLA.
 
-    ``input_sharding``: None (replicated), a ``ShardingSpec`` (applied to every tensor whose rank
-    matches; sharded tensors are uploaded shard by shard, never whole to every device), or a
+    ``input_sharding``: None (replicated: the tensors report ``{replicated}``, as in PyTorch/XLA),
+    a ``ShardingSpec`` (applied to every tensor whose rank matches, the others replicated;
+    sharded tensors are uploaded shard by shard, never whole to every device), or a
     dict key -> ShardingSpec, in which case ``datas`` must be a dict (or a list of dicts) whose
     keys all have a spec: ValueError / KeyError otherwise. ``device`` is the spmd device (the
     only one there is).
@@ -205,3 +218,83 @@ def send_cpu_data_to_device(datas, device, input_sharding=None):
     if type(datas) is torch.Tensor:
         datas = [datas]
     return _send_to_device(datas, input_sharding)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device listing, RNG and small helpers of PyTorch/XLA's xm (used by its scripts and tests).
+
+def get_xla_supported_devices(devkind=None, max_devices=None) -> list:
+    """The logical devices as strings: ``['spmd:0']`` (PyTorch/XLA's SPMD mode: ``['xla:0']``)."""
+    devices = [str(_device(0))]
+    return devices[:max_devices] if max_devices else devices
+
+
+def xla_real_devices(devices=None) -> list:
+    """The emulated physical device behind each logical device: ``['SPMD:0']``.
+
+    (In SPMD mode the one logical device stands for all of them; see
+    ``runtime.global_runtime_device_attributes()`` for the full list.)"""
+    devices = devices or get_xla_supported_devices()
+    for d in devices:
+        if str(d) != str(_device(0)):
+            raise ValueError(f"{d} is not a torch_spmd device (there is one: {_device(0)})")
+    return [f"{runtime.device_type()}:0" for _ in devices]
+
+
+def set_rng_state(seed: int, device=None) -> None:
+    """Seeds device randomness. Random ops on the spmd device draw their seeds from torch's
+    default generator when recorded, so this is ``torch.manual_seed(seed)``."""
+    torch.manual_seed(int(seed))
+
+
+def get_rng_state(device=None) -> int:
+    """The seed last set (``torch.initial_seed()``). PyTorch/XLA returns its running seed, which
+    advances as random ops run; torch_spmd's device randomness follows torch's default CPU
+    generator instead, whose full state is ``torch.get_rng_state()``."""
+    return torch.initial_seed()
+
+
+class RateTracker(object):
+    """Smoothed rate of a count over wall time (PyTorch/XLA's ``xm.RateTracker``)."""
+
+    def __init__(self, smooth_factor=None):
+        import os
+        import time
+        self._smooth_factor = (float(os.environ.get("RATE_TRACKER_SMOOTHING", 0.4))
+                               if smooth_factor is None else smooth_factor)
+        self._start_time = time.time()
+        self._partial_time = self._start_time
+        self._partial_count = 0.0
+        self._partial_rate = None
+        self._count = 0.0
+
+    def _update(self, now, rate):
+        self._partial_count += self._count
+        self._count = 0.0
+        self._partial_time = now
+        self._partial_rate = rate
+
+    def add(self, count):
+        self._count += count
+
+    def _smooth(self, current_rate):
+        if self._partial_rate is None:
+            return current_rate
+        return ((1 - self._smooth_factor) * current_rate +
+                self._smooth_factor * self._partial_rate)
+
+    def rate(self):
+        import time
+        now = time.time()
+        delta = now - self._partial_time
+        report_rate = 0.0
+        if delta > 0:
+            report_rate = self._smooth(self._count / delta)
+            self._update(now, report_rate)
+        return report_rate
+
+    def global_rate(self):
+        import time
+        delta = time.time() - self._start_time
+        count = self._partial_count + self._count
+        return count / delta if delta > 0 else 0.0

@@ -39,8 +39,17 @@ def counter_names() -> List[str]:
 counter_names_ = counter_names
 
 
+# PyTorch/XLA's names for the same events: in SPMD mode every graph execution runs replicated on
+# all devices (PyTorch/XLA's ExecuteReplicated), so its counter and timer are ours under another
+# name. Looked up by counter_value / metric_data only (reports list each event once).
+_COUNTER_ALIASES = {"ExecuteReplicated": "ExecuteGraph"}
+_METRIC_ALIASES = {"ExecuteReplicatedTime": "ExecuteTime"}
+
+
 def counter_value(name: str) -> Optional[int]:
-    """A counter's value, or None if it was never incremented."""
+    """A counter's value, or None if it was never incremented. PyTorch/XLA's
+    ``ExecuteReplicated`` is ``ExecuteGraph``."""
+    name = _COUNTER_ALIASES.get(name, name)
     return _C._counter_value(name) if name in _C._counter_names() else None
 
 
@@ -50,8 +59,9 @@ def metric_names() -> List[str]:
 
 
 def metric_data(name: str) -> Optional[Tuple[int, float, List[float]]]:
-    """``(total_samples, accumulator, recent_samples)`` of a metric, or None."""
-    return _C._metric_data(name)
+    """``(total_samples, accumulator, recent_samples)`` of a metric, or None. PyTorch/XLA's
+    ``ExecuteReplicatedTime`` is ``ExecuteTime``."""
+    return _C._metric_data(_METRIC_ALIASES.get(name, name))
 
 
 def executed_fallback_ops() -> List[str]:

@@ -1,15 +1,20 @@
 """``XLAShardedTensor`` (a torch.Tensor wrapper carrying a sharded spmd tensor) and ``XLAShard``.
 
-As in PyTorch/XLA (not a DTensor), the wrapper follows the XLAShardedTensor RFC: a
-``_make_wrapper_subclass`` whose ``__torch_dispatch__`` runs every op on the wrapped
-``global_tensor`` and wraps spmd tensor results again.
+As in PyTorch/XLA 2.x, ``XLAShardedTensor`` subclasses ``torch.distributed.tensor.DTensor``
+(``isinstance(t, DTensor)``; ``placements``, ``_spec`` and ``device_mesh`` describe the annotation
+``mark_sharding`` / ``distribute_tensor`` gave it) while keeping the XLAShardedTensor RFC's
+behaviour: a ``_make_wrapper_subclass`` whose ``__torch_dispatch__`` runs every op on the wrapped
+``global_tensor`` and wraps tensor results again. None of DTensor's own machinery (sharding
+propagation, ``_local_tensor``, ``to_local``) is used: the global tensor is the data.
 """
 import contextlib
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Union
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ... import _C
 from ..._device import is_spmd_tensor
@@ -68,24 +73,117 @@ def _device_index(shard_device: str) -> int:
     return int(index)
 
 
-class XLAShardedTensor(torch.Tensor):
+def _unwrap(t):
+    """The plain tensor behind ``t``: a wrapper's ``global_tensor``, also through the functional
+    tensor that functionalization puts around a wrapper an op mixing wrappers with plain spmd
+    tensors returned (functionalization runs before ``__torch_dispatch__``)."""
+    if isinstance(t, XLAShardedTensor):
+        return t.global_tensor
+    inner = _wrapper_inside(t)
+    return inner.global_tensor if inner is not None else t
+
+
+def _wrapper_inside(t) -> Optional["XLAShardedTensor"]:
+    """The XLAShardedTensor a functional tensor wraps (see ``_unwrap``), else None."""
+    if isinstance(t, torch.Tensor) and not isinstance(t, XLAShardedTensor) and \
+            torch._is_functional_tensor(t):
+        inner = torch._from_functional_tensor(t)
+        if isinstance(inner, XLAShardedTensor):
+            return inner
+    return None
+
+
+def _rewrap_global(t: torch.Tensor) -> torch.Tensor:
+    """The global tensor for the wrapper ``_rewrap_result`` makes of ``t``.
+
+    For a functional tensor around an XLAShardedTensor: that wrapper's global tensor, made
+    functional again (it was computed by ``__torch_dispatch__`` while functionalization was
+    running, and so excluded, so it is the bare device value; spmd tensors outside are always
+    functional). For a host tensor: ``t`` (detached: the wrapper carries the autograd history).
+    """
+    inner = _wrapper_inside(t)
+    if inner is None:
+        return t.detach()
+    g = inner.global_tensor
+    if not torch._is_functional_tensor(g):
+        g = torch._to_functional_tensor(g)
+    return g
+
+
+class _Rewrap(torch.autograd.Function):
+    """``t`` as an XLAShardedTensor (see ``_rewrap_result``), on the autograd graph: the gradient
+    passes through unchanged, as a plain tensor."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return XLAShardedTensor(_rewrap_global(t))
+
+    @staticmethod
+    def backward(ctx, grad):
+        # As a plain (functional) spmd tensor, like the gradients of the plain tensors the op
+        # mixed in: a wrapper's global tensor computed by ``__torch_dispatch__`` is bare.
+        grad = _unwrap(grad)
+        if is_spmd_tensor(grad) and not torch._is_functional_tensor(grad):
+            grad = torch._to_functional_tensor(grad)
+        return grad
+
+
+def _rewrap_result(out, args, kwargs):
+    """``__torch_function__``'s results, as PyTorch/XLA's XLAShardedTensor returns them: tensor
+    results of a call on a wrapper are wrappers (keeping their autograd history).
+
+    ``__torch_dispatch__`` already wraps the spmd results of ops on wrappers alone. Two kinds are
+    wrapped here: host results (``t.cpu()``; wrapped here rather than in ``__torch_dispatch__``
+    so that plain tensors that functionalization made around a wrapper keep giving plain host
+    tensors), and the functional tensors functionalization puts around the wrapper an op that
+    mixed wrappers with plain spmd tensors returned. Inputs handed back (in-place and ``out=``
+    ops) and every other value are returned as they are.
+    """
+    flat = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    if not any(isinstance(a, XLAShardedTensor) for a in flat):
+        return out
+    inputs = {id(a) for a in flat}
+
+    def rewrap(r):
+        if not isinstance(r, torch.Tensor) or isinstance(r, XLAShardedTensor) or id(r) in inputs:
+            return r
+        if _wrapper_inside(r) is None and is_spmd_tensor(r):
+            return r
+        return _Rewrap.apply(r) if r.requires_grad else XLAShardedTensor(_rewrap_global(r))
+
+    if isinstance(out, torch.Tensor):
+        return rewrap(out)
+    if isinstance(out, (tuple, list)):
+        return tree_map(rewrap, out)
+    return out
+
+
+# Tensor methods that read host memory directly (not through an op): on a wrapper they run on
+# ``global_tensor`` (a wrapper has no storage of its own), so ``t.cpu().numpy()`` works.
+_HOST_METHODS = (torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__)
+
+
+class XLAShardedTensor(DTensor):
     """A tensor with a sharding annotation, returned by ``mark_sharding``.
 
     It behaves like the (global, unpartitioned) tensor it wraps: ops run on ``global_tensor``
-    and spmd results come back wrapped. ``mesh_shape`` and ``partition_spec`` record the
-    annotation that produced it (None for op results).
+    and tensor results come back wrapped (also host results: ``t.cpu()`` is an XLAShardedTensor
+    around a CPU tensor, as in PyTorch/XLA). ``mesh_shape`` and ``partition_spec`` record the
+    annotation that produced it (None for op results); from them ``placements`` / ``_spec`` /
+    ``device_mesh`` give the DTensor view (a ``DeviceMesh`` of device type ``'xla'``).
+
+    An op mixing a wrapper with plain spmd tensors (``model(sharded_input)``) returns an
+    XLAShardedTensor too, with its autograd history.
     """
 
     global_tensor: torch.Tensor
     mesh_shape: Optional[tuple]
     partition_spec: Optional[tuple]
 
-    # Python-level ops dispatch straight to __torch_dispatch__ (no subclass conversion of
-    # results by the default __torch_function__, which would lose global_tensor).
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
     @staticmethod
     def __new__(cls, elem: torch.Tensor, mesh_shape=None, partition_spec=None, *args, **kwargs):
+        source = elem if isinstance(elem, XLAShardedTensor) else _wrapper_inside(elem)
+        elem = _unwrap(elem)
         r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
             cls,
             elem.size(),
@@ -96,13 +194,27 @@ class XLAShardedTensor(torch.Tensor):
             device=elem.device,
             requires_grad=kwargs.get("requires_grad", False))
         r.global_tensor = elem.detach() if r.requires_grad else elem
+        # As PyTorch/XLA: wrapping a wrapper keeps its annotation unless a new one is given.
+        if source is not None:
+            mesh_shape = source.mesh_shape if mesh_shape is None else mesh_shape
+            partition_spec = source.partition_spec if partition_spec is None else partition_spec
         r.mesh_shape = mesh_shape
         r.partition_spec = partition_spec
+        r._mesh = source._mesh if source is not None and mesh_shape is None else None
+        r._device_mesh = source._device_mesh if source is not None and mesh_shape is None \
+            else None
+        r._cached_spec = None
         return r
+
+    def __init__(self, *args, **kwargs):
+        # DTensor.__init__ (export/dynamo bookkeeping for DTensor's own constructor) is not run.
+        pass
 
     @property
     def sharding_spec(self) -> str:
-        """The sharding in XLA text form (``""`` when the tensor has none)."""
+        """The sharding in XLA text form (``""`` when the tensor has none, or is on the host)."""
+        if not is_spmd_tensor(self.global_tensor):
+            return ""
         return _C._get_sharding_spec(self.global_tensor)
 
     @property
@@ -136,14 +248,166 @@ class XLAShardedTensor(torch.Tensor):
                 "Shards must be provided for all local devices: got devices "
                 f"{sorted(_device_index(s.shard_device) for s in shards)}, expected 0..{n - 1}")
         _C._load_local_shards(self.global_tensor, [by_device[i] for i in range(n)])
+        self.invalidate_spec_cache()
 
     def __repr__(self) -> str:
         return f"XLAShardedTensor({self.global_tensor})"
 
+    # -----------------------------------------------------------------------------------------
+    # The DTensor view of the annotation.
+
+    def _mesh_axis(self, entry) -> int:
+        """A partition-spec entry (axis index or name) as a mesh axis index."""
+        if isinstance(entry, str):
+            names = tuple(self._mesh.axis_names or ()) if self._known_mesh() else ()
+            if entry not in names:
+                raise ValueError(f"partition_spec entry {entry!r} names a mesh axis, but the "
+                                 "mesh's axis names are not known")
+            return names.index(entry)
+        return int(entry)
+
+    def _known_mesh(self) -> bool:
+        return self._mesh is not None and tuple(self._mesh.mesh_shape) == tuple(self.mesh_shape)
+
+    def _device_mesh_for_spec(self):
+        from torch.distributed.device_mesh import DeviceMesh
+        dm = self._device_mesh
+        if dm is not None and tuple(dm.mesh.size()) == tuple(self.mesh_shape):
+            return dm
+        if self._known_mesh():
+            ids = [int(d) for d in self._mesh.device_ids]
+            names = tuple(self._mesh.axis_names) if self._mesh.axis_names else None
+        else:
+            from ...runtime import global_runtime_device_count
+            ids, names = list(range(global_runtime_device_count())), None
+        return DeviceMesh("xla", torch.tensor(ids).reshape(tuple(self.mesh_shape)),
+                          mesh_dim_names=names)
+
+    @property
+    def _spec(self):
+        """The annotation as a DTensor ``DTensorSpec``: the mesh (a ``DeviceMesh`` of device
+        type ``'xla'``: the one ``distribute_tensor`` was given, else the ``Mesh``'s devices)
+        and one placement per mesh axis, ``Shard(dim)`` for the tensor dim(s) it tiles, else
+        ``Replicate()``. ValueError when the tensor has no recorded annotation (op results).
+        Cached until ``invalidate_spec_cache()`` (``wrap_as_sharded_tensor`` calls it)."""
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+        if self._cached_spec is not None:
+            return self._cached_spec
+        if self.mesh_shape is None:
+            raise ValueError(
+                "mesh_shape must be specified to create DTensorSpec. "
+                "If this tensor was created through torch operations, it may be auto-wrapped. "
+                "Use wrap_as_sharded_tensor() to set mesh_shape before accessing _spec. ")
+        if self.partition_spec is None:
+            raise ValueError(
+                "partition_spec must be specified to create DTensorSpec. "
+                "If this tensor was created through torch operations, it may be auto-wrapped. "
+                "Use wrap_as_sharded_tensor() to set partition_spec before accessing _spec. ")
+        mesh = self._device_mesh_for_spec()
+        placements: List[Placement] = [Replicate() for _ in self.mesh_shape]
+        shard_order = []
+        needs_order = False
+        for tensor_dim, entry in enumerate(self.partition_spec):
+            if entry is None:
+                continue
+            axes = [self._mesh_axis(e) for e in (entry if isinstance(entry, (tuple, list))
+                                                 else (entry,))]
+            for axis in axes:
+                placements[axis] = Shard(tensor_dim)
+            # DTensor's default order tiles a dim over its mesh axes in increasing order; a
+            # partition-spec tuple lists them most major first.
+            needs_order |= axes != sorted(axes)
+            shard_order.append((tensor_dim, tuple(axes)))
+        kwargs = {}
+        if needs_order:
+            from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
+            kwargs["shard_order"] = tuple(ShardOrderEntry(d, m) for d, m in shard_order)
+        g = self.global_tensor
+        self._cached_spec = DTensorSpec(
+            mesh=mesh, placements=tuple(placements),
+            tensor_meta=TensorMeta(shape=g.shape, stride=g.stride(), dtype=g.dtype), **kwargs)
+        return self._cached_spec
+
+    @property
+    def placements(self) -> tuple:
+        """The DTensor placements of the annotation (see ``_spec``); ValueError without one."""
+        try:
+            return self._spec.placements
+        except Exception:
+            raise ValueError(
+                "Placements not available: XLAShardedTensor requires mesh_shape and "
+                "partition_spec to be set. Use mark_sharding() to properly initialize sharding "
+                "information.") from None
+
+    def invalidate_spec_cache(self) -> None:
+        """Forgets the cached ``_spec`` (after the annotation changed)."""
+        self._cached_spec = None
+
+    def redistribute(self, device_mesh, placements, *, async_op: bool = False):
+        """A copy of the tensor sharded per ``placements`` on ``device_mesh`` (a ``Mesh``, or a
+        ``DeviceMesh`` of device type ``'xla'``/``'spmd'``), as DTensor's ``redistribute``:
+        the values are the same, ``self`` keeps its own sharding (PyTorch/XLA re-annotates the
+        same tensor unless ``async_op``). ``Partial`` placements raise NotImplementedError."""
+        from . import _partition_spec
+        from .mesh import Mesh
+        if not isinstance(device_mesh, Mesh):  # a DeviceMesh (api.convert_to_xla_mesh)
+            device_mesh = Mesh(device_mesh.mesh.flatten().tolist(),
+                               tuple(device_mesh.mesh.size()), device_mesh.mesh_dim_names)
+        if len(placements) != len(device_mesh.mesh_shape):
+            raise ValueError(
+                f"Number of placements ({len(placements)}) must match mesh dimensions "
+                f"({len(device_mesh.mesh_shape)})")
+        for placement in placements:
+            if isinstance(placement, Partial):
+                raise NotImplementedError(
+                    "Partial placement is not yet implemented and may have unexpected "
+                    "behavior. Use Shard or Replicate placements instead.")
+        rank = len(self.global_tensor.shape)
+        partition_spec = [None] * rank
+        for mesh_dim, placement in enumerate(placements):
+            if isinstance(placement, Shard):
+                if not -rank <= placement.dim < rank:
+                    raise IndexError(
+                        f"Shard dimension {placement.dim} is out of bounds for tensor with "
+                        f"{rank} dimensions")
+                dim = placement.dim % rank
+                if partition_spec[dim] is None:
+                    partition_spec[dim] = mesh_dim
+                else:
+                    prev = partition_spec[dim]
+                    partition_spec[dim] = (prev if isinstance(prev, tuple) else (prev,)) + \
+                        (mesh_dim,)
+            elif not isinstance(placement, Replicate):
+                raise ValueError(f"Unsupported placement type: {type(placement).__name__}")
+        # A pending copy: the annotation (as mark_sharding's) is a sharding constraint the
+        # partitioner lays it out by.
+        partition_spec = _partition_spec.normalize(tuple(partition_spec))
+        result = self.global_tensor.clone()
+        _C._mark_sharding(result, *device_mesh._sharding_args(partition_spec))
+        out = XLAShardedTensor(result, device_mesh.mesh_shape, partition_spec)
+        out._mesh = device_mesh
+        return out
+
+    # -----------------------------------------------------------------------------------------
+    # Dispatch.
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """Runs ``func`` as plain torch does (down to ``__torch_dispatch__``), then hands
+        results of ops that mixed wrappers with plain spmd tensors back as XLAShardedTensors
+        (see ``_rewrap_result``)."""
+        kwargs = kwargs or {}
+        if func in _HOST_METHODS and args and isinstance(args[0], XLAShardedTensor):
+            return func(args[0].global_tensor, *args[1:], **kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        return _rewrap_result(out, args, kwargs)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         """Runs ``func`` on the wrapped tensors; spmd tensor results are wrapped (an in-place
-        op's result is the wrapper it was called on)."""
+        op's result is the wrapper it was called on; host results are wrapped by
+        ``__torch_function__``)."""
         wrappers = {}
 
         def unwrap(e):

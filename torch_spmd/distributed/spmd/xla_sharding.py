@@ -14,26 +14,34 @@ from . import _partition_spec
 from ._partition_spec import PartitionSpec, _get_sharding_type  # noqa: F401
 from ._sharding_type import ShardingType
 from .mesh import HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh  # noqa: F401
-from .xla_sharded_tensor import XLAShard, XLAShardedTensor  # noqa: F401
+from .xla_sharded_tensor import XLAShard, XLAShardedTensor, _unwrap  # noqa: F401
 
 
 def wrap_as_sharded_tensor(t: Union[torch.Tensor, XLAShardedTensor],
                            mesh_shape=None,
                            partition_spec=None) -> XLAShardedTensor:
     """``t`` as an XLAShardedTensor (``t`` itself if it already is one), recording the mesh
-    shape and partition spec when given."""
+    shape and partition spec when given (which invalidates the cached DTensor ``_spec``)."""
     if not isinstance(t, XLAShardedTensor):
         return XLAShardedTensor(t, mesh_shape=mesh_shape, partition_spec=partition_spec)
     if mesh_shape is not None:
         t.mesh_shape = mesh_shape
     if partition_spec is not None:
         t.partition_spec = partition_spec
+    if mesh_shape is not None or partition_spec is not None:
+        t.invalidate_spec_cache()
     return t
 
 
 def unwrap_sharded_tensor(t: Union[torch.Tensor, XLAShardedTensor]) -> torch.Tensor:
-    """The plain spmd tensor behind ``t``."""
-    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
+    """The plain spmd tensor behind ``t``.
+
+    Besides a wrapper itself this unwraps the result of an op that mixed a wrapper with plain
+    spmd tensors when it was called below ``__torch_function__`` (e.g. from ``__torch_dispatch__``
+    or autograd): functionalization (which runs before ``__torch_dispatch__``) hands that back as
+    a functional tensor around the wrapper the op returned.
+    """
+    return _unwrap(t)
 
 
 def _check_spmd_tensor(t: torch.Tensor, api: str) -> None:
@@ -76,7 +84,11 @@ def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
     tensor = unwrap_sharded_tensor(t)
     _check_spmd_tensor(tensor, "mark_sharding")
     _C._mark_sharding(tensor, *args)
-    return wrap_as_sharded_tensor(t, mesh.mesh_shape, partition_spec)
+    wrapper = wrap_as_sharded_tensor(t if isinstance(t, XLAShardedTensor) else tensor,
+                                     mesh.mesh_shape, partition_spec)
+    wrapper._mesh = mesh  # device order and axis names for the DTensor view (``_spec``)
+    wrapper._device_mesh = None
+    return wrapper
 
 
 def clear_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> torch.Tensor:
@@ -91,8 +103,8 @@ def clear_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> torch.Tensor:
 def wrap_if_sharded(x: Any) -> Any:
     """``x`` wrapped as an XLAShardedTensor if it is an spmd tensor with a sharding, else ``x``."""
     if (isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and
-            is_spmd_tensor(x) and _C._get_sharding_spec(x) != ""):
-        return XLAShardedTensor(x)
+            is_spmd_tensor(x) and _C._get_sharding_spec(unwrap_sharded_tensor(x)) != ""):
+        return XLAShardedTensor(unwrap_sharded_tensor(x))
     return x
 
 
@@ -160,3 +172,197 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
     them), so there is nothing to fence off.
     """
     del m
+
+
+# ---------------------------------------------------------------------------------------------
+# Annotations on intermediates, with gradients; sharding hints between tensors.
+
+class MarkShardingFunction(torch.autograd.Function):
+    """``mark_sharding`` on a copy of a tensor and on the gradient flowing back into it.
+
+    ``MarkShardingFunction.apply(t, mesh, partition_spec)`` returns a new tensor (``t`` is left
+    as it is) whose value is ``t`` constrained to the sharding; in the backward pass the
+    incoming gradient gets the same constraint. The values are those of ``t`` and its gradient:
+    only the layout the partitioner uses changes.
+    """
+
+    @staticmethod
+    def forward(ctx, torch_tensor: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
+        ctx.mesh = mesh
+        ctx.partition_spec = partition_spec
+        return _constrained_copy(torch_tensor, mesh, partition_spec)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _constrained_copy(grad_output, ctx.mesh, ctx.partition_spec), None, None
+
+
+def _constrained_copy(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
+    if t is None:
+        return None
+    out = unwrap_sharded_tensor(t).clone()  # a pending value: the annotation is a constraint
+    return mark_sharding(out, mesh, partition_spec).global_tensor
+
+
+def mark_sharding_with_gradients(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
+                                 partition_spec: PartitionSpec) -> torch.Tensor:
+    """Not in place, unlike ``mark_sharding``: returns a new tensor equal to ``t`` carrying the
+    sharding, and annotates the gradient of that tensor with the same sharding in the backward
+    pass (``MarkShardingFunction``). ``t`` itself keeps its annotation (or none)."""
+    assert len(t.shape) == len(partition_spec), \
+        (f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
+         f"({len(t.shape)}).")
+    r = MarkShardingFunction.apply(unwrap_sharded_tensor(t), mesh, partition_spec)
+    assert isinstance(r, torch.Tensor)
+    return r
+
+
+def annotate_custom_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
+                             partition_spec: PartitionSpec) -> XLAShardedTensor:
+    """PyTorch/XLA adds a sharding annotation node without moving ``t``'s data.
+
+    Here: a pending value (or an unannotated tensor) is annotated as ``mark_sharding`` would, and
+    a tensor that already has that sharding is left as it is. Re-annotating device data that has
+    a *different* sharding, without re-laying it out, needs a constraint node on existing device
+    data, which torch_spmd's C++ layer does not offer: NotImplementedError.
+    """
+    assert len(t.shape) == len(partition_spec), \
+        (f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
+         f"({len(t.shape)}).")
+    tensor = unwrap_sharded_tensor(t)
+    _check_spmd_tensor(tensor, "annotate_custom_sharding")
+    current = _C._get_sharding_spec(tensor)
+    wanted = mesh.get_op_sharding(_partition_spec.normalize(partition_spec))
+    if current not in ("", wanted):
+        raise NotImplementedError(
+            "annotate_custom_sharding: the tensor already has the sharding " + current +
+            "; annotating it as " + wanted + " without re-laying out its data needs a sharding "
+            "constraint node on existing device data, which torch_spmd does not implement. Use "
+            "mark_sharding_with_gradients(t, mesh, spec) (a constrained copy) instead.")
+    if current == "":
+        mark_sharding(tensor, mesh, partition_spec)
+    return wrap_as_sharded_tensor(t, mesh.mesh_shape, _partition_spec.normalize(partition_spec))
+
+
+def shard_as(a, b):
+    """Makes corresponding tensors of the pytrees ``a`` and ``b`` sharded alike (PyTorch/XLA:
+    JAX's ``shard_alike``). Returns ``(a, b)``.
+
+    Where one tensor of a pair has a sharding and the other none, the other is annotated with it
+    (in place, as ``mark_sharding``). Where both have one they must agree (ValueError otherwise).
+    Where neither has one yet (typically pending intermediates), nothing is annotated and the
+    partitioner's propagation decides, independently for each; values are never affected.
+    """
+    from torch.utils._pytree import tree_flatten
+    a_flat, a_spec = tree_flatten(a)
+    b_flat, b_spec = tree_flatten(b)
+    assert a_spec == b_spec, f"a and b must have the same structure. got {a_spec} and {b_spec}"
+    for x, y in zip(a_flat, b_flat):
+        if x is None or y is None:
+            assert x is None and y is None
+            continue
+        px, py = unwrap_sharded_tensor(x), unwrap_sharded_tensor(y)
+        sx, sy = _C._get_sharding_spec(px), _C._get_sharding_spec(py)
+        if sx and sy:
+            if sx != sy:
+                raise ValueError(f"shard_as: the tensors are already sharded differently: "
+                                 f"{sx} and {sy}")
+        elif sx or sy:
+            src, dst = (px, py) if sx else (py, px)
+            axes = _C._get_sharding_axes(src)
+            if axes is None:
+                raise NotImplementedError(
+                    "shard_as: the source sharding " + (sx or sy) + " has no mesh form")
+            assert tuple(src.shape) == tuple(dst.shape), \
+                f"shard_as: shapes differ: {tuple(px.shape)} and {tuple(py.shape)}"
+            _check_spmd_tensor(dst, "shard_as")
+            _C._mark_sharding(dst, axes["device_ids"], axes["mesh_shape"], axes["axis_names"],
+                              axes["dim_axes"])
+    return a, b
+
+
+# ---------------------------------------------------------------------------------------------
+# Manual sharding (shard_map-like regions): needs C++ support torch_spmd does not have.
+
+_MANUAL_MISSING = (
+    "torch_spmd has no manual-sharding regions: it would need IR ops that turn a sharded value "
+    "into per-device local values and back (XLA's SPMDFullToShardShape / "
+    "SPMDShardToFullShape, `{manual}` sharding in the partitioner) and per-device collectives "
+    "inside the region. Work on local shards with XLAShardedTensor.local_shards / "
+    "load_local_shards_ instead.")
+
+
+def _mark_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> XLAShardedTensor:
+    """Not implemented (see ``enable_manual_sharding``)."""
+    raise NotImplementedError("_mark_manual_sharding: " + _MANUAL_MISSING)
+
+
+def enable_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor], partition_spec: PartitionSpec,
+                           *, mesh: Optional[Mesh] = None) -> XLAShardedTensor:
+    """Not implemented: raises NotImplementedError (PyTorch/XLA: ``mark_sharding`` then a
+    full-to-shard conversion giving the per-device shard shape and ``{manual}`` sharding)."""
+    raise NotImplementedError("enable_manual_sharding: " + _MANUAL_MISSING)
+
+
+def disable_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor], partition_spec: PartitionSpec,
+                            full_shape: torch.Size, *,
+                            mesh: Optional[Mesh] = None) -> XLAShardedTensor:
+    """Not implemented: raises NotImplementedError (the inverse of ``enable_manual_sharding``)."""
+    raise NotImplementedError("disable_manual_sharding: " + _MANUAL_MISSING)
+
+
+# ---------------------------------------------------------------------------------------------
+# nn.Linear through einsum (PyTorch/XLA keeps sharded batch dims from being flattened by matmul).
+
+class XLAPatchedLinear(torch.autograd.Function):
+    """``torch.nn.functional.linear`` computed with einsum, forward and backward, so that a
+    sharded leading dim of the input is never flattened into a matmul dim."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor] = None):
+        ctx.save_for_backward(input, weight, bias)
+        product = torch.einsum('...n,mn->...m', input, weight)
+        return product + bias if bias is not None else product
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        input, weight, bias = ctx.saved_tensors
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = torch.einsum('...m,mn->...n', grad_output, weight)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.einsum('...m,...n->mn', grad_output, input)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = torch.einsum('...m->m', grad_output)
+        return grad_input, grad_weight, grad_bias
+
+
+def xla_patched_nn_linear_forward(m, input):
+    """``m``'s linear layer applied with ``XLAPatchedLinear``."""
+    return XLAPatchedLinear.apply(input, m.weight, m.bias)
+
+
+class EinsumLinear(torch.nn.Linear):
+    """A ``torch.nn.Linear`` computed with einsum (``XLAPatchedLinear``)."""
+
+    def forward(self, input):
+        return xla_patched_nn_linear_forward(self, input)
+
+
+def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
+    """Replaces every ``nn.Linear`` in ``module`` (recursively) by an ``EinsumLinear`` holding
+    the same parameter objects (their shardings kept). Returns ``module``."""
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.Linear) and not isinstance(child, EinsumLinear):
+            with torch.device('meta'):
+                einsum_linear = EinsumLinear(child.in_features, child.out_features,
+                                             bias=child.bias is not None)
+            # The same Parameter objects: shardings, gradients and optimizer references stay.
+            einsum_linear.weight = child.weight
+            einsum_linear.bias = child.bias
+            einsum_linear.train(child.training)
+            setattr(module, name, einsum_linear)
+        else:
+            apply_xla_patch_to_nn_linear(child)
+    return module

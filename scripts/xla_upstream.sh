@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs PyTorch/XLA's own SPMD tests (test/spmd/test_*.py of a pytorch/xla checkout) unmodified on
+# torch_spmd, through `python -m torch_spmd.xla -m pytest`, one pytest per file, and prints a
+# table: file, passed, failed, skipped, errors (plus deselected = excluded).
+#
+#   scripts/xla_upstream.sh PATH_TO_PYTORCH_XLA_CHECKOUT [test_file.py ...]
+#
+# Tests listed in scripts/xla_upstream_excluded.txt (file::Class::test  # reason) can only apply
+# to a real XLA backend (HLO text, XLA internals, TPU topology); they are deselected and counted
+# separately. Environment:
+#   SPMD_NUM_DEVICES   emulated devices (default 8: upstream's multi-device asserts need > 1,
+#                      most are written for 4 or 8; its CPU CI runs them with 1 device)
+#   XLA_TEST_TIMEOUT   seconds per file (default 300)
+#   XLA_TEST_LOGS      where the per-file logs and junit files go (default: a temp dir)
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+if [ $# -lt 1 ] || [ ! -d "$1/test/spmd" ]; then
+  echo "usage: $0 PATH_TO_PYTORCH_XLA_CHECKOUT [test_file.py ...]" >&2
+  exit 2
+fi
+XLA="$(cd "$1" && pwd)"; shift
+source "$ROOT/scripts/env.sh"
+EXCLUDED="$ROOT/scripts/xla_upstream_excluded.txt"
+TIMEOUT="${XLA_TEST_TIMEOUT:-300}"
+LOGS="${XLA_TEST_LOGS:-$(mktemp -d /tmp/xla_upstream.XXXXXX)}"
+mkdir -p "$LOGS"
+export SPMD_NUM_DEVICES="${SPMD_NUM_DEVICES:-8}"
+# The tests import their helpers as top-level modules (test_xla_sharding_base, args_parse, and
+# utils.* from test/).
+export PYTHONPATH="$ROOT:$XLA/test/spmd:$XLA/test${PYTHONPATH:+:$PYTHONPATH}"
+
+cd "$XLA/test/spmd"
+if [ $# -gt 0 ]; then files=("$@"); else files=(test_*.py); fi
+
+printf '%-44s %6s %6s %7s %6s %8s %s\n' file passed failed skipped errors excluded note
+tot=(0 0 0 0 0)
+for f in "${files[@]}"; do
+  f="$(basename "$f")"
+  [ "$f" = test_xla_sharding_base.py ] && continue
+  deselect=()
+  nex=0
+  if [ -f "$EXCLUDED" ]; then
+    while read -r id; do
+      deselect+=(--deselect "$id"); nex=$((nex + 1))
+    done < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$EXCLUDED" | grep "^$f::" || true)
+  fi
+  xml="$LOGS/${f%.py}.xml"; log="$LOGS/${f%.py}.log"
+  rm -f "$xml"
+  timeout -k 10 "$TIMEOUT" "$PYTHON" -m torch_spmd.xla -m pytest -p no:cacheprovider -q -rfE \
+    --junitxml="$xml" "${deselect[@]}" "$f" >"$log" 2>&1
+  rc=$?
+  note=""
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && note="timeout (${TIMEOUT}s)"
+  [ $rc -eq 5 ] && note="no tests collected"
+  if [ -f "$xml" ]; then
+    read -r p fl s e < <("$PYTHON" - "$xml" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+t = sum(int(s.get("tests", 0)) for s in suites)
+f = sum(int(s.get("failures", 0)) for s in suites)
+e = sum(int(s.get("errors", 0)) for s in suites)
+k = sum(int(s.get("skipped", 0)) for s in suites)
+print(t - f - e - k, f, k, e)
+EOF
+)
+  else
+    p=0; fl=0; s=0; e=1; note="${note:-no junit output (see log)}"
+  fi
+  printf '%-44s %6s %6s %7s %6s %8s %s\n' "$f" "$p" "$fl" "$s" "$e" "$nex" "$note"
+  tot=($((tot[0] + p)) $((tot[1] + fl)) $((tot[2] + s)) $((tot[3] + e)) $((tot[4] + nex)))
+done
+printf '%-44s %6s %6s %7s %6s %8s\n' TOTAL "${tot[@]}"
+echo "upstream: $(git -C "$XLA" rev-parse HEAD 2>/dev/null || echo "$XLA")  devices: $SPMD_NUM_DEVICES  logs: $LOGS"

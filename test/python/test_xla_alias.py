@@ -1,0 +1,348 @@
+"""torch_spmd.xla: PyTorch/XLA scripts run unmodified (``python -m torch_spmd.xla``,
+``torch_spmd.xla.install()``), the xs names upstream exports, and MpDeviceLoader sharding.
+
+Differential: scripts print numbers computed through ``torch_xla`` names on the emulated devices,
+compared with the same computation in eager CPU torch.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import torch_spmd
+import torch_spmd.distributed.spmd as xs
+from conftest import ensure_devices
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# torch_xla/distributed/spmd/__init__.py's __all__ at pytorch/xla
+# 41398bfff334fc8d3b1c00be6ea8cc5411f6d6bf (upstream lists "MarkShardingFunction" "mark_sharding"
+# without a comma between them, i.e. one string; both names are checked here).
+UPSTREAM_XS_ALL = [
+    "auto_policy", "XLAShard", "XLAShardedTensor", "Mesh", "HybridMesh", "ShardingType",
+    "ShardingSpec", "XLAPatchedLinear", "MarkShardingFunction", "mark_sharding",
+    "mark_sharding_with_gradients", "shard_as", "annotate_custom_sharding", "clear_sharding",
+    "get_1d_mesh", "wrap_if_sharded", "xla_distribute_tensor", "xla_distribute_module",
+    "xla_patched_nn_linear_forward", "set_global_mesh", "get_global_mesh",
+    "_mark_manual_sharding", "enable_manual_sharding", "disable_manual_sharding",
+    "apply_backward_optimization_barrier",
+]
+
+
+def _run(args, cwd, env_extra=None, timeout=300):
+    env = dict(os.environ, PYTHONPATH=ROOT, SPMD_NUM_DEVICES="8")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable] + args, cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.distributed.parallel_loader as pl
+
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n // 2, 2), ('data', 'model'))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(3)]
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def train(model, loader, device, shard):
+        model = model.to(device)
+        if shard:
+            xs.mark_sharding(model[0].weight, mesh, ('model', None))
+            xs.mark_sharding(model[2].weight, mesh, (None, 'model'))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for x, y in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            if shard:
+                xm.mark_step()
+            losses.append(loss.item())
+        return losses
+
+    loader = pl.MpDeviceLoader(data, 'xla', input_sharding=xs.ShardingSpec(mesh, ('data', None)))
+    xla_losses = train(model, loader, 'xla', True)
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 4))
+    cpu_model.load_state_dict(sd)
+    cpu_losses = train(cpu_model, data, 'cpu', False)
+    print("NAME", __name__, "ARGV", sys.argv[1:], "PATH0", sys.path[0])
+    print("XLA", " ".join(f"{l:.6f}" for l in xla_losses))
+    print("CPU", " ".join(f"{l:.6f}" for l in cpu_losses))
+    print("SPEC", torch_xla._XLAC._get_xla_sharding_spec(model[0].weight))
+""")
+
+
+def _numbers(out, tag):
+    line = next(l for l in out.splitlines() if l.startswith(tag + " "))
+    return [float(v) for v in line.split()[1:]]
+
+
+def test_script_runs_unmodified_and_matches_cpu(tmp_path):
+    script = tmp_path / "train_xla.py"
+    script.write_text(SCRIPT)
+    r = _run(["-m", "torch_spmd.xla", str(script), "--steps", "3"], cwd=str(tmp_path.parent))
+    assert r.returncode == 0, r.stdout + r.stderr
+    xla, cpu = _numbers(r.stdout, "XLA"), _numbers(r.stdout, "CPU")
+    assert len(xla) == len(cpu) == 3
+    np.testing.assert_allclose(xla, cpu, rtol=1e-4, atol=1e-5)
+    assert f"NAME __main__ ARGV ['--steps', '3'] PATH0 {tmp_path}" in r.stdout
+    # model[0].weight (32, 16) sharded over 'model' (2-way) on dim 0, replicated over 'data'.
+    assert "SPEC {devices=[2,1,4]" in r.stdout and "last_tile_dim_replicate" in r.stdout
+
+
+def test_module_form_runs_pytest(tmp_path):
+    (tmp_path / "test_upstream_style.py").write_text(textwrap.dedent("""
+        import torch
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+
+        def test_add():
+            a = torch.arange(6.).reshape(2, 3)
+            assert torch.equal((a.to('xla') * 2).cpu(), a * 2)
+            assert torch_xla.device().type == 'spmd'
+    """))
+    r = _run(["-m", "torch_spmd.xla", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+              "test_upstream_style.py"], cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed" in r.stdout
+
+
+def test_install_resolves_to_the_same_module_objects(tmp_path):
+    code = textwrap.dedent("""
+        import torch_spmd.xla
+        torch_spmd.xla.install()
+        import torch_spmd, torch_spmd.core.xla_model, torch_spmd.runtime, torch_spmd.debug.metrics
+        import torch_spmd.distributed.spmd, torch_spmd.distributed.fsdp, torch_spmd.utils.checkpoint
+        import torch_spmd.distributed.xla_multiprocessing, torch_spmd.distributed.parallel_loader
+        import torch_spmd.experimental.spmd_fully_sharded_data_parallel
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.distributed.spmd.xla_sharding as xsh
+        import torch_xla.distributed.spmd.xla_sharded_tensor as xst
+        import torch_xla.distributed.spmd.debugging as dbg
+        import torch_xla.experimental.xla_sharding as exs
+        import torch_xla.debug.metrics as met
+        import torch_xla.distributed.fsdp as fsdp
+        import torch_xla.experimental.spmd_fully_sharded_data_parallel as fsdpv2
+        import torch_xla.distributed.xla_multiprocessing as xmp
+        import torch_xla.utils.checkpoint as ckpt
+        import torch_xla.distributed.parallel_loader as pl
+        import torch_xla.utils.utils as xu
+        S = torch_spmd
+        pairs = [(xm, S.core.xla_model), (xr, S.runtime), (xs, S.distributed.spmd),
+                 (xsh, S.distributed.spmd.xla_sharding), (exs, S.distributed.spmd.xla_sharding),
+                 (xst, S.distributed.spmd.xla_sharded_tensor), (dbg, S.distributed.spmd.debugging),
+                 (met, S.debug.metrics), (fsdp, S.distributed.fsdp),
+                 (fsdpv2, S.experimental.spmd_fully_sharded_data_parallel),
+                 (xmp, S.distributed.xla_multiprocessing), (ckpt, S.utils.checkpoint),
+                 (pl, S.distributed.parallel_loader), (torch_xla.runtime, S.runtime)]
+        print("SAME", [a is b for a, b in pairs].count(True), len(pairs))
+        # The real modules keep their own identity.
+        print("SPEC", xs.__spec__.name, xm.__name__)
+        from torch_xla.distributed.spmd import Mesh
+        print("CLASS", Mesh is S.distributed.spmd.Mesh)
+        xs.set_global_mesh(xs.get_1d_mesh('x'))
+        print("GLOBAL", S.distributed.spmd.get_global_mesh() is xs.get_global_mesh())
+        try:
+            import torch_xla.core.xla_builder
+        except ModuleNotFoundError as e:
+            print("MISSING", e.name)
+        print("DEVICES", torch_xla.device(), torch_xla.devices(), xm.get_xla_supported_devices())
+        import torch
+        print("XLADEV", torch.ones(2, device='xla').device, torch.ones(2).to('xla').device)
+        torch_spmd.xla.uninstall()
+        try:
+            import torch_xla
+            print("STILL")
+        except ModuleNotFoundError:
+            print("UNINSTALLED", torch.ones(1).to('cpu').device)
+    """)
+    r = _run(["-c", code], cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "SAME 14 14" in out
+    assert "SPEC torch_spmd.distributed.spmd torch_spmd.core.xla_model" in out
+    assert "CLASS True" in out and "GLOBAL True" in out
+    assert "MISSING torch_xla.core.xla_builder" in out
+    assert "DEVICES spmd:0 [device(type='spmd', index=0)] ['spmd:0']" in out
+    assert "XLADEV spmd:0 spmd:0" in out
+    assert "UNINSTALLED cpu" in out
+
+
+def test_install_refuses_to_shadow_a_real_torch_xla(tmp_path):
+    fake = tmp_path / "site" / "torch_xla"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = True\n")
+    code = textwrap.dedent("""
+        import torch_spmd.xla
+        try:
+            torch_spmd.xla.install()
+            print("INSTALLED")
+        except RuntimeError as e:
+            print("REFUSED", e)
+        import torch_xla
+        print("REAL", getattr(torch_xla, "REAL", False), torch_spmd.xla.is_installed())
+    """)
+    env = {"PYTHONPATH": ROOT + os.pathsep + str(tmp_path / "site")}
+    r = _run(["-c", code], cwd=str(tmp_path), env_extra=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "REFUSED torch_spmd.xla.install(): a real torch_xla is installed" in r.stdout
+    assert "REAL True False" in r.stdout
+    # The command line refuses too, without running the script.
+    script = tmp_path / "s.py"
+    script.write_text("print('RAN')\n")
+    r = _run(["-m", "torch_spmd.xla", str(script)], cwd=str(tmp_path), env_extra=env)
+    assert r.returncode == 1 and "RAN" not in r.stdout
+    assert "a real torch_xla is installed" in r.stderr
+
+
+def test_upstream_xs_names_exist():
+    missing = [n for n in UPSTREAM_XS_ALL if not hasattr(xs, n)]
+    assert not missing
+    from torch_spmd.distributed.spmd.xla_sharding import MarkShardingFunction  # noqa: F401
+
+
+@pytest.fixture
+def mesh8():
+    ensure_devices(8)
+    yield xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
+    xs.set_global_mesh(None)
+
+
+def test_mp_device_loader_shards_batches(mesh8):
+    import torch_spmd.distributed.parallel_loader as pl
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 6), torch.arange(8)) for _ in range(2)]
+    spec = xs.ShardingSpec(mesh8, ("data", None))
+    loader = pl.MpDeviceLoader(batches, torch_spmd.device(), input_sharding=spec)
+    assert len(loader) == 2
+    seen = 0
+    for (x, y), (cx, cy) in zip(loader, batches):
+        assert x.device.type == "spmd"
+        assert xs.get_sharding_spec(x) == "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
+        assert torch_spmd._C._get_sharding_spec(x) == xs.get_sharding_spec(x)
+        # The 1-D label tensor does not fit the 2-D spec: uploaded replicated (as PyTorch/XLA).
+        assert xs.get_sharding_spec(y) == "{replicated}"
+        # Each device holds its rows only.
+        shards = xs.XLAShardedTensor(x).local_shards
+        assert shards[2].data.shape == (2, 6)
+        torch.testing.assert_close(shards[2].data, cx[2:4])
+        torch.testing.assert_close(x.cpu(), cx)
+        torch.testing.assert_close(y.cpu(), cy)
+        seen += 1
+    assert seen == 2
+
+    # A dict of specs for dict batches; a key without a spec is an error, as upstream.
+    dict_batches = [{"x": torch.randn(8, 4), "m": torch.ones(8, 2)}]
+    loader = pl.MpDeviceLoader(dict_batches, torch_spmd.device(),
+                               input_sharding={"x": spec, "m": xs.ShardingSpec(mesh8, (None, "model"))})
+    (b,) = list(loader)
+    assert xs.get_sharding_spec(b["x"]).startswith("{devices=[4,1,2]")
+    assert xs.get_sharding_spec(b["m"]).startswith("{devices=[1,2,4]")
+    torch.testing.assert_close(b["x"].cpu(), dict_batches[0]["x"])
+    with pytest.raises(KeyError, match="missing from input_sharding"):
+        list(pl.MpDeviceLoader(dict_batches, torch_spmd.device(), input_sharding={"x": spec}))
+
+
+def test_mark_sharding_with_gradients_values_and_grad_sharding(mesh8):
+    torch.manual_seed(0)
+    w_cpu = torch.randn(8, 6, requires_grad=True)
+    w = w_cpu.detach().to(torch_spmd.device()).requires_grad_()
+    y = xs.mark_sharding_with_gradients(w * 3, mesh8, ("data", None))
+    assert xs.get_sharding_spec(w) == ""  # not in place
+    (y.sin().sum()).backward()
+    (w_cpu * 3).sin().sum().backward()
+    torch.testing.assert_close(y.detach().cpu(), (w_cpu * 3).detach())
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+def test_patched_linear_matches_nn_linear(mesh8):
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    model.load_state_dict(ref.state_dict())
+    model = model.to(torch_spmd.device())
+    weight = model[0].weight
+    xs.apply_xla_patch_to_nn_linear(model)
+    assert isinstance(model[0], xs.EinsumLinear) and model[0].weight is weight
+    x = torch.randn(8, 3, 6)
+    xd = x.to(torch_spmd.device())
+    xs.mark_sharding(xd, mesh8, ("data", None, None))
+    out = model(xd)
+    out.square().sum().backward()
+    r = ref(x)
+    r.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model[0].weight.grad.cpu(), ref[0].weight.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model[2].bias.grad.cpu(), ref[2].bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_shard_as_copies_a_sharding(mesh8):
+    a = torch.randn(8, 4).to(torch_spmd.device())
+    b = torch.randn(8, 4).to(torch_spmd.device())
+    xs.mark_sharding(a, mesh8, ("data", "model"))
+    xs.shard_as({"t": a}, {"t": b})
+    assert xs.get_sharding_spec(b) == xs.get_sharding_spec(a) != ""
+    with pytest.raises(AssertionError, match="same structure"):
+        xs.shard_as([a], (b,))
+
+
+def test_manual_sharding_is_not_faked(mesh8):
+    t = torch.randn(8, 4).to(torch_spmd.device())
+    with pytest.raises(NotImplementedError, match="no manual-sharding regions"):
+        xs.enable_manual_sharding(t, ("data", None), mesh=mesh8)
+
+
+def test_profiler_trace_annotations_are_real_and_the_service_is_not_faked(mesh8):
+    # torch_xla.debug.profiler resolves to torch_spmd.debug.profiler under install().
+    import torch_spmd.debug.profiler as xp
+    t = torch.randn(8, 4).to(torch_spmd.device())
+    with torch.profiler.profile() as prof:
+        with xp.StepTrace("train_step"):
+            with xp.Trace("build_graph"):
+                u = t * 2 + 1
+
+        @xp.trace_me("decorated")
+        def f():
+            return t - 1
+
+        f()
+    names = {e.name for e in prof.events()}
+    assert {"train_step", "build_graph", "decorated"} <= names
+    assert xp.get_tracer_marked_step()
+    torch.testing.assert_close(u.cpu(), t.cpu() * 2 + 1)
+    for call in (lambda: xp.start_server(9012), lambda: xp.trace("localhost:9012", "/tmp/x"),
+                 lambda: xp.trace_detached("localhost:9012", "/tmp/x"),
+                 lambda: xp.start_trace("/tmp/x"), xp.stop_trace):
+        with pytest.raises(NotImplementedError, match="no XLA profiler service"):
+            call()
+
+
+def test_step_trace_ends_the_step(mesh8):
+    import torch_spmd.debug.metrics as met
+    import torch_spmd.debug.profiler as xp
+    t = torch.randn(4).to(torch_spmd.device())
+    torch_spmd.sync()
+    before = met.counter_value("ExecuteGraph") or 0
+    with xp.StepTrace("step"):
+        u = t * 3
+    assert (met.counter_value("ExecuteGraph") or 0) == before + 1  # ran at the exit
+    torch.testing.assert_close(u.cpu(), t.cpu() * 3)

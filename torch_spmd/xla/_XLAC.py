@@ -1,0 +1,92 @@
+"""``torch_xla._XLAC`` under ``torch_spmd.xla.install()``: the few functions of PyTorch/XLA's C++
+module that have an honest meaning on torch_spmd.
+
+Only what torch_spmd can answer truthfully is here. Functions whose result is XLA's own
+artifacts (``_get_xla_tensors_hlo``, ``_get_graph_hash``, ``_get_xla_tensor_debug_info``,
+``OpSharding``, ``_xla_mark_sharding`` with an OpSharding, manual-sharding conversions, the
+``_xla_spmd_*`` collectives) are deliberately missing, so code calling them fails with an
+AttributeError instead of getting a fake answer.
+"""
+from typing import List, Optional, Sequence
+
+import torch
+
+from torch_spmd import _C
+from torch_spmd import _device
+from torch_spmd import debug as _debug
+from torch_spmd import runtime as _xr
+from torch_spmd.core import xla_model as _xm
+from torch_spmd.distributed.spmd._sharding_type import sharding_type_of_spec
+from torch_spmd.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
+
+
+def _plain(t):
+    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
+
+
+def _get_xla_sharding_spec(t: torch.Tensor) -> str:
+    """The sharding of ``t`` in XLA text form (``{devices=[4,2]0,1,...}``), ``""`` if none."""
+    return _C._get_sharding_spec(_plain(t))
+
+
+def _get_xla_sharding_specs(tensors: Sequence[torch.Tensor]) -> List[str]:
+    """``_get_xla_sharding_spec`` of each tensor."""
+    return list(_C._get_sharding_specs([_plain(t) for t in tensors]))
+
+
+def _get_xla_sharding_type(t: torch.Tensor) -> Optional[int]:
+    """The ``ShardingType`` value of ``t``'s sharding, None if it has none."""
+    kind = sharding_type_of_spec(_get_xla_sharding_spec(t))
+    return None if kind is None else int(kind)
+
+
+def _get_xla_tensors_text(tensors: Sequence[torch.Tensor]) -> str:
+    """The pending IR of the tensors in torch_spmd's text form (not PyTorch/XLA's IR text)."""
+    return _debug.graph_text([_plain(t) for t in tensors])
+
+
+def _xla_sync_multi(tensors: Sequence[torch.Tensor], devices=(), wait: bool = True,
+                    sync_xla_data: bool = True) -> None:
+    """Computes the pending values of ``tensors`` (one graph), leaving other work pending."""
+    _C._sync_tensors([_plain(t).detach() for t in tensors])
+
+
+def _xla_step_marker(device: str = "", devices=(), wait: bool = True,
+                     reset_scope: bool = True) -> None:
+    """Runs everything pending as one graph (``torch_xla.sync`` without the step closures)."""
+    _C._mark_step()
+
+
+def _xla_get_default_device() -> str:
+    return str(_device.device())
+
+
+def _xla_real_devices(devices=None) -> List[str]:
+    return [a["name"] for a in _xr.global_runtime_device_attributes()]
+
+
+def _xla_get_all_devices() -> List[str]:
+    return _xla_real_devices()
+
+
+def _xla_num_devices() -> int:
+    return _xr.global_runtime_device_count()
+
+
+def _xla_get_auto_sharding() -> bool:
+    """Auto-sharding is never on: torch_spmd has no auto-sharding search."""
+    return False
+
+
+def _xla_metrics_report() -> str:
+    return _C._metrics_report()
+
+
+def _xla_counter_value(name: str):
+    return _C._counter_value(name)
+
+
+def _xla_get_replication_devices_count() -> int:
+    """Replicas of the (multi-process) world; 0 when not replicated, as upstream."""
+    count = _xm.xrt_world_size()
+    return count if count > 1 else 0
