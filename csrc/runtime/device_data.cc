@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/metrics.h"
 #include "runtime/plan_mode.h"
 
 namespace spmd::runtime {
@@ -101,6 +102,8 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
                                                  const Sharding& sharding) {
   TensorType type = TypeOf(host);
   if (Planning()) return Planned(type, sharding);  // the values are never read
+  // Bytes sent to the devices, once per transfer (PyTorch/XLA's metric of the same name).
+  Metrics::Get().Record("OutboundData", static_cast<double>(type.bytes()));
   std::string label = "tensor " + type.ToString();
   at::Tensor global = host.contiguous();
   int64_t n = DeviceSet::Get().num_devices();
@@ -132,6 +135,7 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
 
 at::Tensor DeviceData::ToHost() const {
   if (planned_) throw PlannedDataError("read its values");
+  Metrics::Get().Record("InboundData", static_cast<double>(type_.bytes()));
   if (is_replicated()) return shards_.at(0)->tensor;
   SPMD_CHECK(!sharding_.is_manual(), "cannot read a manually sharded value back to the host");
   const Shape& global_shape = type_.shape;

@@ -470,3 +470,20 @@ def test_to_device_keeps_tied_weights():
         opt.step()
     assert torch.equal(dev.head.weight.cpu(), dev.emb.weight.cpu())
     torch.testing.assert_close(dev.emb.weight.cpu(), cpu.emb.weight)
+
+
+def test_outbound_and_inbound_data_metrics_count_transferred_bytes():
+    # PyTorch/XLA's OutboundData / InboundData: bytes sent to and read from the devices, the
+    # global tensor's bytes once per transfer, sharded or not.
+    import numpy as np
+    import torch_spmd.distributed.spmd as xs
+    from torch_spmd.debug import metrics as met
+    n = torch_spmd.runtime.global_runtime_device_count()
+    x = torch.randn(n * 2, 8)
+    t = x.to(torch_spmd.device())
+    assert met.metric_data("OutboundData")[2][-1] == x.nelement() * x.element_size()
+    s = torch.randn(n, 4)
+    xs.mark_sharding(s.to(torch_spmd.device()), xs.Mesh(np.arange(n), (n,)), (0, None))
+    assert met.metric_data("OutboundData")[2][-1] == s.nelement() * s.element_size()
+    assert torch.equal(t.cpu(), x)
+    assert met.metric_data("InboundData")[2][-1] == x.nelement() * x.element_size()
