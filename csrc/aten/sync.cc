@@ -272,8 +272,8 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
   MergeAnnotatedCopies(outputs, slots_of);
 
   ir::Graph graph = ir::BuildGraph(outputs);
-  std::vector<std::vector<ir::Value>> groups = GroupOutputsByMesh(graph);
-  if (groups.size() > 1) {
+  // (Scoped to the if: the groups' Values hold the output nodes, which DonatableParams counts.)
+  if (std::vector<std::vector<ir::Value>> groups = GroupOutputsByMesh(graph); groups.size() > 1) {
     for (const std::vector<ir::Value>& group : groups) {
       std::vector<SlotPtr> group_slots;
       for (const ir::Value& v : group)
