@@ -222,3 +222,31 @@ def test_flops_come_from_the_rules():
     stats = step([xd @ wd])
     assert stats["flops_per_device"] == 2 * (16 // 4) * (32 // 2) * 8
     assert stats["model_flops"] == 2 * 16 * 32 * 8
+
+
+def test_meta_model_to_empty_and_the_host_preset():
+    # The torch 2.x way: build on meta, then to_empty onto the device; the host preset is
+    # measured on this machine.
+    out = run_script("""
+        with plan.Plan(hardware="host") as p:
+            with torch.device("meta"):
+                model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                            torch.nn.Linear(256, 64))
+            model = model.to_empty(device="spmd")
+            mesh = xs.Mesh(np.arange(8), (8,), ("x",))
+            for q in model.parameters():
+                xs.mark_sharding(q, mesh, ("x",) + (None,) * (q.dim() - 1))
+            x = torch.empty(32, 64, device="spmd")
+            xs.mark_sharding(x, mesh, ("x", None))
+            model(x).sum().backward()
+            xm.mark_step()
+            r = p.report()
+        n = sum(q.numel() for q in model.parameters())
+        print(json.dumps(dict(resident=r.resident_bytes_per_device[0], n=n,
+                              peak_flops=r.hardware["peak_flops_fp32"], name=r.hardware["name"],
+                              step=r.predicted_step_seconds, mfu=r.mfu)))
+    """)
+    assert out["name"] == "host" and out["peak_flops"] > 1e8
+    # Parameters and gradients, each split 8 ways, and the input's shard.
+    assert out["resident"] == 2 * 4 * out["n"] // 8 + 32 * 64 * 4 // 8
+    assert out["step"] > 0 and 0 < out["mfu"] < 1
