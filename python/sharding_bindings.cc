@@ -46,6 +46,18 @@ void BindSharding(py::module_& m) {
       py::arg("dim_axes"),
       "A new spmd tensor with a CPU tensor's data laid out directly in the given sharding.");
   m.def("_clear_sharding", &aten::ClearSharding);
+  m.def("_spmd_full_to_shard_shape", &aten::FullToShard);
+  m.def(
+      "_spmd_shard_to_full_shape",
+      [](const at::Tensor& t, const std::vector<int64_t>& device_ids,
+         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
+         const std::vector<std::vector<int>>& dim_axes, const std::vector<int64_t>& full_shape) {
+        return aten::ShardToFull(t, MakeSharding(device_ids, mesh_shape, axis_names, dim_axes),
+                                 full_shape);
+      },
+      py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
+      py::arg("dim_axes"), py::arg("full_shape"));
+  m.def("_mark_manual_sharding", &aten::MarkManualSharding);
   m.def("_get_sharding_spec", &aten::GetShardingSpec);
   m.def("_get_sharding_specs", [](const std::vector<at::Tensor>& ts) {
     std::vector<std::string> out;

@@ -110,7 +110,11 @@ Sharding GetSharding(const at::Tensor& t) {
   LazyImpl* impl = GetLazyImpl(t);
   const ir::Value& v = impl->slot()->value;
   if (v.node->is_data()) return DataOf(v)->sharding();
-  if (v.node->op() == ir::InternalOps::Get().sharding_constraint) return v.node->shardings().at(0);
+  const auto& ops = ir::InternalOps::Get();
+  if (v.node->op() == ops.sharding_constraint || v.node->op() == ops.shard_to_full)
+    return v.node->shardings().at(0);
+  if (v.node->op() == ops.full_to_shard)
+    return Sharding::Manual(v.node->shardings().at(0).mesh_ptr(), v.type().rank());
   return Sharding();
 }
 
@@ -118,6 +122,58 @@ std::string GetShardingSpec(const at::Tensor& t) {
   Sharding s = GetSharding(t);
   // A pending partial sum is an implementation detail: users see the tiling.
   return s.valid() ? s.WithoutPartial().ToString() : "";
+}
+
+at::Tensor FullToShard(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "_spmd_full_to_shard_shape");
+  Sharding s = GetSharding(t);
+  TORCH_CHECK(s.valid() && !s.IsReplicated() && !s.is_manual() && !s.IsPartial(),
+              "_spmd_full_to_shard_shape needs a tensor with a tiled sharding (mark_sharding "
+              "first), got ", s.valid() ? s.ToString() : std::string("no sharding"));
+  const ir::Value& in = impl->slot()->value;
+  TensorType shard{in.type().dtype, s.ShardShape(in.type().shape)};
+  ir::NodePtr node =
+      ir::MakeNode(ir::InternalOps::Get().full_to_shard, {in}, {ir::Arg::Tensor(0)}, {shard});
+  node->set_shardings({s});
+  return WrapOutput(ir::Value{node, 0}, /*factory=*/true);
+}
+
+at::Tensor ShardToFull(const at::Tensor& t, const Sharding& sharding, const Shape& full_shape) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "_spmd_shard_to_full_shape");
+  const ir::Value& in = impl->slot()->value;
+  TORCH_CHECK(sharding.valid() && !sharding.is_manual() && !sharding.IsPartial() &&
+                  sharding.rank() == static_cast<int64_t>(full_shape.size()),
+              "_spmd_shard_to_full_shape needs a tiled sharding of rank ", full_shape.size(),
+              ", got ", sharding.valid() ? sharding.ToString() : std::string("none"));
+  TORCH_CHECK(sharding.ShardShape(full_shape) == in.type().shape, "a ", ShapeToString(full_shape),
+              " tensor laid out as ", sharding.ToString(), " has shards of ",
+              ShapeToString(sharding.ShardShape(full_shape)), ", not ",
+              ShapeToString(in.type().shape));
+  TensorType full{in.type().dtype, full_shape};
+  ir::NodePtr node =
+      ir::MakeNode(ir::InternalOps::Get().shard_to_full, {in}, {ir::Arg::Tensor(0)}, {full});
+  node->set_shardings({sharding});
+  return WrapOutput(ir::Value{node, 0}, /*factory=*/true);
+}
+
+void MarkManualSharding(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "_mark_manual_sharding");
+  const SlotPtr& slot = impl->slot();
+  TORCH_CHECK(!slot->value.node->is_data(),
+              "_mark_manual_sharding marks a value computed in a manual region "
+              "(enable_manual_sharding); this tensor is device data");
+  const TensorType& type = slot->value.type();
+  int64_t n = runtime::DeviceSet::Get().num_devices();
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = i;
+  Sharding manual = Sharding::Manual(InternMesh(ids, {n}, {}), type.rank());
+  ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().sharding_constraint, {slot->value},
+                                  {ir::Arg::Tensor(0)}, {type});
+  node->set_shardings({manual});
+  SetSlotValue(slot, ir::Value{node, 0});
 }
 
 std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {

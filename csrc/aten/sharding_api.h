@@ -29,6 +29,16 @@ Sharding GetSharding(const at::Tensor& t);
 // XLA text form, "" when `t` has no sharding.
 std::string GetShardingSpec(const at::Tensor& t);
 
+// Manual sharding (PyTorch/XLA's SPMDFullToShardShape / SPMDShardToFullShape / {manual}).
+// FullToShard: `t` must carry a tiled sharding S; the result is each device's padded shard of
+// it as a tensor of its own (shape S.ShardShape), which ops then transform device by device.
+at::Tensor FullToShard(const at::Tensor& t);
+// ShardToFull: the devices' manual tensors `t` become the shards of a `full_shape` tensor laid
+// out as `sharding`.
+at::Tensor ShardToFull(const at::Tensor& t, const Sharding& sharding, const Shape& full_shape);
+// Marks a pending value computed from manual ones as manual ({manual}); device data raises.
+void MarkManualSharding(const at::Tensor& t);
+
 struct LocalShard {
   int64_t device;
   at::Tensor data;                 // padded shard, a host copy

@@ -176,7 +176,7 @@ void RecordStepMemory(const partition::Program& program, const std::vector<bool>
 const Mesh* TiledMeshOf(const ir::Node& n) {
   if (n.op() != ir::InternalOps::Get().sharding_constraint) return nullptr;
   const Sharding& s = n.shardings().at(0);
-  return s.IsReplicated() ? nullptr : &s.mesh();
+  return s.IsReplicated() || s.is_manual() ? nullptr : &s.mesh();
 }
 
 // A program runs on one mesh. Values annotated on different meshes (unrelated tensors marked

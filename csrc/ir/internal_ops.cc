@@ -35,6 +35,8 @@ const InternalOps& InternalOps::Get() {
                                 {Tensor("self"), Int("dim"), Ints("axes"), Int("left"),
                                  Int("right"), Float("value")},
                                 1, true);
+    o->full_to_shard = InternOp("spmd::full_to_shard", {Tensor("self")}, 1, true);
+    o->shard_to_full = InternOp("spmd::shard_to_full", {Tensor("self")}, 1, true);
     return o;
   }();
   return *ops;

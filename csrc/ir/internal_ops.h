@@ -27,6 +27,12 @@
 //                                        No communication.
 //   mask_pad(x; dim, axes, size, value)  x is a tile of an extent-`size` dim: write `value` to
 //                                        its padding, so a reduction reading it is unaffected.
+//   full_to_shard(x)                     manual sharding (PyTorch/XLA's SPMDFullToShardShape):
+//                                        x laid out as shardings()[0]; the result is each
+//                                        device's padded shard as a tensor of its own ({manual}).
+//                                        Lowered to nothing: the shard is the buffer.
+//   shard_to_full(x)                     the inverse: the devices' manual buffers are the
+//                                        shards of a shardings()[0]-laid-out full tensor.
 //   halo_exchange(x; dim, axes, left, right, value)
 //                                        x is an even tile: output = [the previous member's last
 //                                        `left` rows | x | the next member's first `right` rows],
@@ -47,6 +53,8 @@ struct InternalOps {
   const OpInfo* shard_slice;
   const OpInfo* mask_pad;
   const OpInfo* halo_exchange;
+  const OpInfo* full_to_shard;
+  const OpInfo* shard_to_full;
   static const InternalOps& Get();
 };
 

@@ -25,11 +25,13 @@ MeshPtr FindMesh(const ir::Graph& graph) {
   MeshPtr tiled_param, fallback;
   for (const ir::NodePtr& n : graph.nodes) {
     const Sharding* s = nullptr;
+    const bool constraint = n->op() == ops.sharding_constraint || n->op() == ops.full_to_shard ||
+                            n->op() == ops.shard_to_full;
     if (n->is_data() && n->data()->sharding().valid()) s = &n->data()->sharding();
-    if (n->op() == ops.sharding_constraint) s = &n->shardings().at(0);
-    if (!s) continue;
+    if (constraint) s = &n->shardings().at(0);
+    if (!s || s->is_manual()) continue;  // a manual annotation says nothing about the mesh
     if (!s->IsReplicated()) {
-      if (n->op() == ops.sharding_constraint) return s->mesh_ptr();
+      if (constraint) return s->mesh_ptr();
       if (!tiled_param) tiled_param = s->mesh_ptr();
     }
     if (!fallback) fallback = s->mesh_ptr();
@@ -58,7 +60,20 @@ class Partitioner {
       if (n->is_data()) {
         locals_[n.get()] = {Parameter(*n, program)};
       } else if (n->op() == ops.sharding_constraint) {
-        locals_[n.get()] = {Reshard(builder_, Local(n->input(0)), n->shardings().at(0))};
+        locals_[n.get()] = {Constrain(*n)};
+      } else if (n->op() == ops.full_to_shard) {
+        // Each device's shard becomes a tensor of its own: the same buffer, manual.
+        LocalValue v = Reshard(builder_, Local(n->input(0)), n->shardings().at(0));
+        locals_[n.get()] = {LocalValue{v.value, Sharding::Manual(mesh_, n->output(0).rank()),
+                                       n->output(0)}};
+      } else if (n->op() == ops.shard_to_full) {
+        const LocalValue& v = Local(n->input(0));
+        SPMD_CHECK_VALUE(v.layout.is_manual(),
+                         "shard_to_full needs a manually sharded value (enable_manual_sharding "
+                         "or _mark_manual_sharding), got one laid out as ", v.layout.ToString());
+        locals_[n.get()] = {LocalValue{v.value, n->shardings().at(0), n->output(0)}};
+      } else if (HasManualOperand(*n)) {
+        LowerManual(*n);
       } else {
         LowerNode(*n);
       }
@@ -141,6 +156,47 @@ class Partitioner {
     program.params.push_back(param);
     program.param_shardings.push_back(layout);
     return LocalValue{ir::Value{param, 0}, layout, global};
+  }
+
+  // A constraint reshards to the user's layout; a manual one marks a value computed in a
+  // manual region (it must be manual already).
+  LocalValue Constrain(const ir::Node& n) {
+    const Sharding& want = n.shardings().at(0);
+    const LocalValue& v = Local(n.input(0));
+    if (!want.is_manual()) return Reshard(builder_, v, want);
+    SPMD_CHECK_VALUE(v.layout.is_manual(),
+                     "{manual} marks a value computed from manually sharded ones "
+                     "(enable_manual_sharding); this one is laid out as ", v.layout.ToString());
+    return v;
+  }
+
+  bool HasManualOperand(const ir::Node& n) const {
+    for (const ir::Value& in : n.inputs())
+      if (Local(in).layout.is_manual()) return true;
+    return false;
+  }
+
+  // An op inside a manual region: every device runs it on its own buffers, whose shapes are
+  // the op's shapes (PyTorch/XLA's manual sharding). Other operands must be replicated values.
+  void LowerManual(const ir::Node& n) {
+    std::vector<LocalValue> operands;
+    std::vector<ir::Value> inputs;
+    for (const ir::Value& in : n.inputs()) {
+      LocalValue v = Local(in);
+      if (!v.layout.is_manual()) v = Reshard(builder_, v, Sharding::Replicated(mesh_, in.type().rank()));
+      inputs.push_back(v.value);
+      operands.push_back(std::move(v));
+    }
+    std::vector<Sharding> layouts;
+    for (int o = 0; o < n.num_outputs(); ++o)
+      layouts.push_back(Sharding::Manual(mesh_, n.output(o).rank()));
+    RecordCost(n, nullptr, {}, operands, layouts);
+    ir::NodePtr local = builder_.Emit(n.op(), inputs, WithScalarSlots(n.args(), scalar_base_.at(&n)),
+                                      n.outputs(), layouts);
+    std::vector<LocalValue> results;
+    for (int o = 0; o < n.num_outputs(); ++o)
+      results.push_back(LocalValue{ir::Value{local, o}, layouts[o], n.output(o)});
+    locals_[&n] = std::move(results);
   }
 
   void LowerNode(const ir::Node& n) {

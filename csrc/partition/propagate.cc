@@ -44,9 +44,16 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh)
       const Sharding& s = n.data()->sharding();
       shardings_[v] = s.valid() && s.mesh() == *mesh_ ? s : Sharding::Replicated(mesh_, n.output(0).rank());
       frozen_[v] = true;
+    } else if (n.op() == ops.shard_to_full) {
+      shardings_[v] = n.shardings().at(0);  // leaves a manual region in this layout
+      frozen_[v] = true;
+    } else if (n.op() == ops.full_to_shard) {
+      shardings_[v] = Sharding::Manual(n.shardings().at(0).mesh_ptr(), n.output(0).rank());
+      frozen_[v] = true;
     } else if (n.op() == ops.sharding_constraint) {
       shardings_[v] = n.shardings().at(0);
       frozen_[v] = true;
+      if (shardings_[v].is_manual()) continue;  // nothing to propagate out of a manual region
       // A constraint is an identity: its operand may take its layout.
       ShardingRule identity;
       TensorFactors tf = PassThroughFactors(identity, n.output(0));

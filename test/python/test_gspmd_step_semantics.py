@@ -204,3 +204,34 @@ def test_unrelated_values_on_different_meshes_sync_as_separate_programs():
     with pytest.raises(RuntimeError, match="constrains values to shardings on different meshes"):
         (c.sum() + d.sum()).cpu()
     assert_same(c.cpu(), (a0 + 1) * 2, "c after the failed step")
+
+
+def test_manual_sharding_region_runs_per_device_and_matches_cpu():
+    # enable_manual_sharding: each device's shard is a tensor of its own; ops run on it with no
+    # collective; disable_manual_sharding makes the shards a global tensor again.
+    mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+    x0, w0 = torch.randn(10, 8), torch.randn(8, 3)          # 10 rows over 2: shards of 5
+    x = x0.to(torch_spmd.device())
+    w = w0.to(torch_spmd.device())                           # replicated: read whole per device
+    xx = xs.enable_manual_sharding(x, ("data", None), mesh=mesh)
+    assert xx.shape == (5, 8) and xx.sharding_spec == "{manual}"
+    assert xx.sharding_type == xs.ShardingType.MANUAL
+    yy = torch.relu(xx.global_tensor @ w) * 2
+    y = xs.disable_manual_sharding(yy, ("data", None), (10, 3), mesh=mesh)
+    stats = step([y.global_tensor])
+    assert stats["collectives"] == []
+    assert y.shape == (10, 3) and y.sharding_spec == mesh.get_op_sharding(("data", None))
+    assert_same(y.global_tensor.cpu(), torch.relu(x0 @ w0) * 2, "manual region")
+    with pytest.raises(RuntimeError, match="device data"):
+        xs._mark_manual_sharding(x)
+    with pytest.raises(RuntimeError, match="has shards of"):
+        xs.disable_manual_sharding(yy, ("data", "model"), (10, 3), mesh=mesh)
+    previous = xs.get_global_mesh()
+    xs.set_global_mesh(None)
+    try:
+        with pytest.raises(ValueError, match="needs a mesh"):
+            xs.enable_manual_sharding(x, ("data", None))
+    finally:
+        xs.set_global_mesh(previous)
+    m = xs._mark_manual_sharding(xx.global_tensor + 1)
+    assert m.sharding_spec == "{manual}"

@@ -305,10 +305,21 @@ def test_shard_as_copies_a_sharding(mesh8):
         xs.shard_as([a], (b,))
 
 
-def test_manual_sharding_is_not_faked(mesh8):
-    t = torch.randn(8, 4).to(torch_spmd.device())
-    with pytest.raises(NotImplementedError, match="no manual-sharding regions"):
-        xs.enable_manual_sharding(t, ("data", None), mesh=mesh8)
+def test_manual_sharding_through_the_xlac_conversions(mesh8):
+    # PyTorch/XLA's test_manual_sharding_e2e, through the _XLAC names install() provides.
+    from torch_spmd.xla import _XLAC
+    x0 = torch.randn(8, 4)
+    x = x0.to(torch_spmd.device())
+    xs.mark_sharding(x, mesh8, ("data", None))
+    xx = _XLAC._spmd_full_to_shard_shape(x)
+    assert xx.shape == (8 // mesh8.mesh_shape[0], 4)
+    yy = xs._mark_manual_sharding(xx + 1)
+    y = _XLAC._spmd_shard_to_full_shape(yy.global_tensor, mesh8.get_op_sharding(("data", None)),
+                                        x.shape, x.dtype)
+    assert y.shape == (8, 4)
+    assert torch.allclose(y.cpu(), x0 + 1)
+    with pytest.raises(RuntimeError, match="needs a tensor with a tiled sharding"):
+        _XLAC._spmd_full_to_shard_shape(torch.zeros(8, 8).to(torch_spmd.device()))
 
 
 def test_profiler_trace_annotations_are_real_and_the_service_is_not_faked(mesh8):

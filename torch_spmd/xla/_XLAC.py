@@ -3,8 +3,8 @@ module that have an honest meaning on torch_spmd.
 
 Only what torch_spmd can answer truthfully is here. Functions whose result is XLA's own
 artifacts (``_get_xla_tensors_hlo``, ``_get_graph_hash``, ``_get_xla_tensor_debug_info``,
-``OpSharding``, ``_xla_mark_sharding`` with an OpSharding, manual-sharding conversions, the
-``_xla_spmd_*`` collectives) are deliberately missing, so code calling them fails with an
+``OpSharding``, ``_xla_mark_sharding`` with an OpSharding, the ``_xla_spmd_*`` collectives)
+are deliberately missing, so code calling them fails with an
 AttributeError instead of getting a fake answer.
 """
 from typing import List, Optional, Sequence
@@ -90,3 +90,29 @@ def _xla_get_replication_devices_count() -> int:
     """Replicas of the (multi-process) world; 0 when not replicated, as upstream."""
     count = _xm.xrt_world_size()
     return count if count > 1 else 0
+
+
+def _spmd_full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
+    """Each device's shard of the sharded ``t`` as a ``{manual}`` tensor of the shard shape."""
+    return _C._spmd_full_to_shard_shape(_plain(t))
+
+
+def _sharding_args_from_text(text: str) -> tuple:
+    """``_C`` sharding arguments (device ids, mesh shape, axis names, dim axes) of an XLA text
+    sharding ``{devices=[a,b(,r)]ids... (last_tile_dim_replicate)}``: a mesh shaped like the
+    tile assignment, tensor dim d tiled by mesh axis d."""
+    import re
+    m = re.fullmatch(r"\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}", text.strip())
+    if not m:
+        raise ValueError(f"expected a tiled sharding like '{{devices=[1,8]0,...,7}}', got {text!r}")
+    dims = [int(d) for d in m.group(1).split(",")]
+    ids = [int(d) for d in m.group(2).split(",")]
+    tensor_dims = len(dims) - (1 if m.group(3) else 0)
+    return ids, dims, [], [[d] for d in range(tensor_dims)]
+
+
+def _spmd_shard_to_full_shape(t: torch.Tensor, sharding: str, full_shape, dtype=None) -> torch.Tensor:
+    """The ``{manual}`` tensors ``t`` as the shards of a ``full_shape`` tensor laid out as
+    ``sharding`` (XLA text form, what ``Mesh.get_op_sharding`` returns here)."""
+    return _C._spmd_shard_to_full_shape(_plain(t), *_sharding_args_from_text(sharding),
+                                        [int(d) for d in full_shape])

@@ -284,31 +284,54 @@ def shard_as(a, b):
 # ---------------------------------------------------------------------------------------------
 # Manual sharding (shard_map-like regions): needs C++ support torch_spmd does not have.
 
-_MANUAL_MISSING = (
-    "torch_spmd has no manual-sharding regions: it would need IR ops that turn a sharded value "
-    "into per-device local values and back (XLA's SPMDFullToShardShape / "
-    "SPMDShardToFullShape, `{manual}` sharding in the partitioner) and per-device collectives "
-    "inside the region. Work on local shards with XLAShardedTensor.local_shards / "
-    "load_local_shards_ instead.")
+def _mesh_for(mesh: Optional[Mesh], api: str) -> Mesh:
+    mesh = mesh if mesh is not None else get_global_mesh()
+    if mesh is None:
+        raise ValueError(f"{api} needs a mesh: pass mesh= or call xs.set_global_mesh first")
+    return mesh
 
 
 def _mark_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor]) -> XLAShardedTensor:
-    """Not implemented (see ``enable_manual_sharding``)."""
-    raise NotImplementedError("_mark_manual_sharding: " + _MANUAL_MISSING)
+    """Marks a value computed inside a manual region as ``{manual}`` (each device's buffer is a
+    tensor of its own). Device data raises RuntimeError: only computed values can be manual."""
+    tensor = unwrap_sharded_tensor(t)
+    _check_spmd_tensor(tensor, "_mark_manual_sharding")
+    _C._mark_manual_sharding(tensor)
+    return wrap_as_sharded_tensor(tensor)
 
 
 def enable_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor], partition_spec: PartitionSpec,
                            *, mesh: Optional[Mesh] = None) -> XLAShardedTensor:
-    """Not implemented: raises NotImplementedError (PyTorch/XLA: ``mark_sharding`` then a
-    full-to-shard conversion giving the per-device shard shape and ``{manual}`` sharding)."""
-    raise NotImplementedError("enable_manual_sharding: " + _MANUAL_MISSING)
+    """Enters a manual region: ``t`` is laid out as ``partition_spec`` on ``mesh`` (default the
+    global mesh) and each device's (padded) shard becomes a tensor of its own, of the shard's
+    shape, sharded ``{manual}``. Ops on it run on every device on its own buffer, with no
+    collective; ``disable_manual_sharding`` turns the results back into a global tensor.
+
+      >>> xs.set_global_mesh(xs.Mesh(np.arange(8), (1, 8)))
+      >>> x = torch.zeros(8, 8).to(xm.xla_device())
+      >>> xx = xs.enable_manual_sharding(x, (0, 1))        # shape (8, 1) on each device
+      >>> y = xs.disable_manual_sharding(xx + 1, (0, 1), x.shape)   # (8, 8), sharded (0, 1)
+    """
+    mesh = _mesh_for(mesh, "enable_manual_sharding")
+    tensor = unwrap_sharded_tensor(t)
+    _check_spmd_tensor(tensor, "enable_manual_sharding")
+    mark_sharding(tensor, mesh, partition_spec)
+    return wrap_as_sharded_tensor(_C._spmd_full_to_shard_shape(tensor))
 
 
 def disable_manual_sharding(t: Union[torch.Tensor, XLAShardedTensor], partition_spec: PartitionSpec,
                             full_shape: torch.Size, *,
                             mesh: Optional[Mesh] = None) -> XLAShardedTensor:
-    """Not implemented: raises NotImplementedError (the inverse of ``enable_manual_sharding``)."""
-    raise NotImplementedError("disable_manual_sharding: " + _MANUAL_MISSING)
+    """Leaves a manual region: the devices' manual tensors ``t`` become the shards of a
+    ``full_shape`` tensor laid out as ``partition_spec`` on ``mesh`` (default the global mesh).
+    ``t`` must be manual (from ``enable_manual_sharding`` and ops on it)."""
+    mesh = _mesh_for(mesh, "disable_manual_sharding")
+    partition_spec = _partition_spec.normalize(partition_spec)
+    tensor = unwrap_sharded_tensor(t)
+    _check_spmd_tensor(tensor, "disable_manual_sharding")
+    full = _C._spmd_shard_to_full_shape(tensor, *mesh._sharding_args(partition_spec),
+                                        [int(d) for d in full_shape])
+    return wrap_as_sharded_tensor(full, mesh.mesh_shape, partition_spec)
 
 
 # ---------------------------------------------------------------------------------------------
