@@ -88,6 +88,8 @@ void BindGraph(py::module_& m) {
         d["axes"] = c.axes;
         d["group_size"] = c.group_size;
         d["bytes"] = c.bytes;
+        d["scope"] = c.scope;
+        d["position"] = c.position;
         out.append(d);
       }
       return out;
@@ -101,8 +103,10 @@ void BindGraph(py::module_& m) {
     d["peak_op"] = s.peak_op;
     py::list costs;
     for (const auto& c : s.op_costs)
-      costs.append(py::make_tuple(c.op, c.flops, c.model_flops, c.bytes, DTypeName(c.dtype)));
-    // (op, flops per device, model flops, bytes per device, result dtype)
+      costs.append(py::make_tuple(c.op, c.flops, c.model_flops, c.bytes, DTypeName(c.dtype),
+                                  c.scope, c.position));
+    // (op, flops per device, model flops, bytes per device, result dtype, module path,
+    //  position in the program)
     d["op_costs"] = costs;
     d["resident_bytes_per_device"] = s.resident_bytes_per_device;
     d["device_peak_bytes"] = s.device_peak_bytes;
@@ -112,6 +116,9 @@ void BindGraph(py::module_& m) {
   m.def("_compile_cache_size", [] { return runtime::CompileCache::Get().size(); });
   m.def("_clear_compile_cache", [] { runtime::CompileCache::Get().Clear(); });
   m.def("_live_tensor_count", &aten::LiveSlotCount);
+  // The module path new ops are recorded under ("" for none): torch_spmd.debug's tracker.
+  m.def("_set_scope", [](const std::string& name) { ir::SetCurrentScope(ir::InternScope(name)); });
+  m.def("_scope", [] { return ir::ScopeName(ir::CurrentScope()); });
   // The data every live spmd tensor holds, each once: (global shape, dtype, sharding text,
   // bytes per device, planned, number of tensors pointing at it).
   m.def("_live_data", [] {

@@ -2,7 +2,10 @@
 // step on a hardware description.
 #include "bindings.h"
 
+#include <algorithm>
+
 #include "aten/sync.h"
+#include "partition/cost.h"
 #include "partition/cost_model.h"
 #include "runtime/plan_mode.h"
 
@@ -39,6 +42,36 @@ void BindPlan(py::module_& m) {
   m.def("_set_planning", [](bool on, const std::string& name) { runtime::SetPlanning(on, name); },
         py::arg("on"), py::arg("name") = "");
   m.def("_planning", [] { return runtime::Planning(); });
+  // Per-device bytes over the last step's program (one entry per program node), and the values
+  // live at its peak: (bytes, op, scope, defined at, last use), largest first.
+  m.def("_last_memory_timeline", [] {
+    py::dict d;
+    std::shared_ptr<const partition::Program> program = aten::LastProgram();
+    if (!program) return d;
+    std::vector<bool> donated = aten::LastDonated();
+    std::vector<int64_t> live = partition::LiveBytesTimeline(*program, &donated);
+    int64_t peak_at = 0;
+    for (size_t i = 0; i < live.size(); ++i)
+      if (live[i] > live[peak_at]) peak_at = static_cast<int64_t>(i);
+    py::list ops, scopes, buffers;
+    for (const ir::NodePtr& n : program->nodes) {
+      ops.append(n->op()->qualified);
+      scopes.append(ir::ScopeName(n->scope()));
+    }
+    std::vector<partition::LiveValue> values = partition::ValueLifetimes(*program, &donated);
+    std::sort(values.begin(), values.end(),
+              [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    for (const partition::LiveValue& v : values)
+      if (v.defined_at <= peak_at && v.last_use >= peak_at)
+        buffers.append(py::make_tuple(v.bytes, v.node->op()->qualified,
+                                      ir::ScopeName(v.node->scope()), v.defined_at, v.last_use));
+    d["live_bytes"] = live;
+    d["ops"] = ops;
+    d["scopes"] = scopes;
+    d["peak_index"] = peak_at;
+    d["peak_buffers"] = buffers;
+    return d;
+  });
   // The last step (planned or executed) on `hardware` (a dict of Hardware's fields).
   m.def("_estimate_last_step", [](const py::dict& hardware) {
     partition::Hardware hw = HardwareFromDict(hardware);

@@ -160,6 +160,15 @@ void MergeAnnotatedCopies(
 
 // The step's memory figures, with the parameters this run donates freed after their last use
 // (a program's own peak_bytes_per_device assumes none is).
+struct LastStep {
+  std::shared_ptr<const partition::Program> program;
+  std::vector<bool> donated;
+};
+LastStep& Last() {
+  static auto* last = new LastStep();
+  return *last;
+}
+
 void RecordStepMemory(const partition::Program& program, const std::vector<bool>& donated,
                       int64_t beside) {
   partition::ProgramStats& stats = LastStats();
@@ -242,6 +251,7 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
     Count("CachedCompile");
   }
   const partition::Program& program = *it->second;
+  Last().program = it->second;
   Count("PlanGraph");
   const int64_t beside = BytesBesideStep(graph);
   // Donated as a run would donate them (SyncSlots): unreachable after the step, or relaid out.
@@ -254,6 +264,7 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
     for (const SlotPtr* s : slots_of.at(outputs[i])) SetSlotValue(*s, ir::Value{data_node, 0});
   }
   RecordStepMemory(program, donated, beside);
+  Last().donated = donated;
 }
 
 }  // namespace
@@ -288,6 +299,7 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
       throw runtime::PlannedDataError("run a step that reads it");
   auto exe = GetExecutable(graph);
   const partition::Program& program = exe->program();
+  Last().program = std::shared_ptr<const partition::Program>(exe, &exe->program());
   std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
   std::vector<runtime::DeviceDataPtr> params;
   params.reserve(graph.params.size());
@@ -312,6 +324,7 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
     for (const SlotPtr* s : slots_of[outputs[i]]) SetSlotValue(*s, ir::Value{data_node, 0});
   }
   RecordStepMemory(program, donated, beside);
+  Last().donated = donated;
 }
 
 void SyncAll() {
@@ -358,6 +371,16 @@ void SetDeferOutputReductions(bool defer) {
 bool DeferOutputReductions() {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   return Options().defer_output_reductions;
+}
+
+std::shared_ptr<const partition::Program> LastProgram() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return Last().program;
+}
+
+std::vector<bool> LastDonated() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return Last().donated;
 }
 
 partition::ProgramStats LastStepStats() {

@@ -31,6 +31,11 @@ std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors);
 void SetDeferOutputReductions(bool defer);
 bool DeferOutputReductions();
 
+// The program of the most recent step (executed or planned) and the parameters that step
+// donated; null before the first step.
+std::shared_ptr<const partition::Program> LastProgram();
+std::vector<bool> LastDonated();
+
 // Statistics of the most recently executed program (collectives, memory, flops, fallbacks).
 partition::ProgramStats LastStepStats();
 

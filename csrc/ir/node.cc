@@ -14,7 +14,8 @@ Node::Node(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
       inputs_(std::move(inputs)),
       args_(std::move(args)),
       outputs_(std::move(outputs)),
-      id_(g_next_node_id.fetch_add(1, std::memory_order_relaxed)) {}
+      id_(g_next_node_id.fetch_add(1, std::memory_order_relaxed)),
+      scope_(CurrentScope()) {}
 
 Hash Node::hash() const {
   if (hash_ != 0) return hash_;

@@ -11,6 +11,7 @@
 #include "core/shape.h"
 #include "ir/arg.h"
 #include "ir/op.h"
+#include "ir/scope.h"
 #include "sharding/sharding.h"
 
 namespace spmd::ir {
@@ -62,6 +63,10 @@ class Node {
   const std::vector<Sharding>& shardings() const { return shardings_; }
   void set_shardings(std::vector<Sharding> s) { shardings_ = std::move(s); hash_ = 0; }
 
+  // The module path the op was recorded under (ir/scope.h); not part of the hash.
+  Scope scope() const { return scope_; }
+  void set_scope(Scope s) { scope_ = s; }
+
   // Hash of op, args and output types (not of the inputs: graphs hash their wiring).
   Hash hash() const;
 
@@ -73,6 +78,7 @@ class Node {
   std::shared_ptr<DataHandle> data_;
   std::vector<Sharding> shardings_;
   uint64_t id_;
+  Scope scope_ = nullptr;
   mutable Hash hash_ = 0;
 };
 

@@ -7,8 +7,7 @@
 
 namespace spmd::partition {
 
-int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node,
-                           const std::vector<bool>* donated) {
+std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<bool>* donated) {
   // Per value (node output), as the runtime frees each output slot after its own last reader:
   // a multi-output op's big result may die long before its small sibling (grad_input vs
   // grad_weight of convolution_backward).
@@ -22,9 +21,7 @@ int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node,
   for (size_t i = 0; i < program.params.size(); ++i)
     if (!donated || i >= donated->size() || !(*donated)[i])
       last_use[{program.params[i].get(), 0}] = end;  // kept: the caller still holds it
-
-  // Sweep: a value's bytes count from its definition to its last use.
-  std::vector<int64_t> delta(program.nodes.size() + 2, 0);
+  std::vector<LiveValue> values;
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Node& n = *program.nodes[i];
     for (int o = 0; o < n.num_outputs(); ++o) {
@@ -32,19 +29,35 @@ int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node,
       if (t.dtype == DType::kUndefined) continue;
       auto it = last_use.find({&n, o});
       int until = it == last_use.end() ? static_cast<int>(i) : it->second;
-      delta[i] += t.bytes();
-      delta[until + 1] -= t.bytes();
+      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, t.bytes()});
     }
   }
-  int64_t live = 0, peak = 0, peak_at = 0;
-  for (size_t i = 0; i < delta.size(); ++i) {
-    live += delta[i];
-    if (live > peak) {
-      peak = live;
+  return values;
+}
+
+std::vector<int64_t> LiveBytesTimeline(const Program& program, const std::vector<bool>* donated) {
+  // Sweep: a value's bytes count from its definition to its last use.
+  std::vector<int64_t> delta(program.nodes.size() + 2, 0);
+  for (const LiveValue& v : ValueLifetimes(program, donated)) {
+    delta[v.defined_at] += v.bytes;
+    delta[v.last_use + 1] -= v.bytes;
+  }
+  std::vector<int64_t> live(program.nodes.size(), 0);
+  int64_t running = 0;
+  for (size_t i = 0; i < live.size(); ++i) live[i] = running += delta[i];
+  return live;
+}
+
+int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node,
+                           const std::vector<bool>* donated) {
+  std::vector<int64_t> live = LiveBytesTimeline(program, donated);
+  int64_t peak = 0, peak_at = 0;
+  for (size_t i = 0; i < live.size(); ++i)
+    if (live[i] > peak) {
+      peak = live[i];
       peak_at = static_cast<int64_t>(i);
     }
-  }
-  if (at_node) *at_node = std::min<int64_t>(peak_at, static_cast<int64_t>(program.nodes.size()) - 1);
+  if (at_node) *at_node = peak_at;
   return peak;
 }
 

@@ -8,6 +8,21 @@
 
 namespace spmd::partition {
 
+// A value of the program (one output of one node) and the span it is live for, in node
+// indices: from its definition to its last reader (the end for outputs and kept parameters).
+struct LiveValue {
+  const ir::Node* node;
+  int output;
+  int defined_at;
+  int last_use;
+  int64_t bytes;  // per device
+};
+std::vector<LiveValue> ValueLifetimes(const Program& program,
+                                      const std::vector<bool>* donated = nullptr);
+// Bytes live on one device while each node runs (its inputs and its outputs included).
+std::vector<int64_t> LiveBytesTimeline(const Program& program,
+                                       const std::vector<bool>* donated = nullptr);
+
 // Peak bytes held by one device while the program runs: parameters stay live throughout
 // (donated ones, `donated[i]` for program.params[i], only until their last use, as the
 // runtime frees them), every other value from its definition to its last use (outputs to the

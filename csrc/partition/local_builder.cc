@@ -9,6 +9,7 @@ ir::NodePtr ProgramBuilder::Emit(const ir::OpInfo* op, std::vector<ir::Value> in
                                  std::vector<Sharding> layouts) {
   ir::NodePtr node = ir::MakeNode(op, std::move(inputs), std::move(args), std::move(outputs));
   node->set_shardings(std::move(layouts));
+  node->set_scope(scope_);
   nodes_.push_back(node);
   return node;
 }
@@ -29,6 +30,8 @@ ir::Value ProgramBuilder::EmitInternal(const ir::OpInfo* op, const ir::Value& x,
     stat.bytes = x.type().bytes();
     stat.first_group = DeviceGroups(*mesh_, axes).at(0);
     stat.node = node.get();
+    stat.scope = ir::ScopeName(scope_);
+    stat.position = static_cast<int64_t>(nodes_.size()) - 1;
     collectives_.push_back(std::move(stat));
   }
   return ir::Value{node, 0};

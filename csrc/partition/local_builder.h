@@ -25,6 +25,9 @@ class ProgramBuilder {
   explicit ProgramBuilder(MeshPtr mesh) : mesh_(std::move(mesh)) {}
 
   const MeshPtr& mesh() const { return mesh_; }
+  // The scope (module path) of the global node being lowered: every node and collective
+  // emitted meanwhile carries it.
+  void set_scope(ir::Scope scope) { scope_ = scope; }
   // A local op; `layouts` (one per output) is kept on the node for program dumps.
   ir::NodePtr Emit(const ir::OpInfo* op, std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
                    std::vector<TensorType> outputs, std::vector<Sharding> layouts);
@@ -49,6 +52,7 @@ class ProgramBuilder {
  private:
   struct ReshardEntry;
   MeshPtr mesh_;
+  ir::Scope scope_ = nullptr;
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
   std::unordered_multimap<Hash, ReshardEntry> reshards_;

@@ -57,6 +57,7 @@ class Partitioner {
     Program program;
     const auto& ops = ir::InternalOps::Get();
     for (const ir::NodePtr& n : graph_.nodes) {
+      builder_.set_scope(n->scope());
       if (n->is_data()) {
         locals_[n.get()] = {Parameter(*n, program)};
       } else if (n->op() == ops.sharding_constraint) {
@@ -79,6 +80,7 @@ class Partitioner {
       }
     }
     for (const ir::Value& out : graph_.outputs) {
+      builder_.set_scope(out.node->scope());
       LocalValue v = Local(out);
       if (v.layout.IsPartial()) {
         // A pending sum that the program reduced anyway leaves it reduced.
@@ -328,6 +330,8 @@ class Partitioner {
     std::vector<TensorType> local, global;
     OpCost c;
     c.op = n.op()->qualified;
+    c.scope = ir::ScopeName(n.scope());
+    c.position = static_cast<int64_t>(builder_.nodes().size());
     for (const LocalValue& v : operands) c.bytes += v.value.type().bytes();
     for (int o = 0; o < n.num_outputs(); ++o) {
       const TensorType& t = n.output(o);

@@ -19,6 +19,8 @@ struct CollectiveStat {
   // The device ids of one group (all groups are alike): whether a group crosses hosts.
   std::vector<int64_t> first_group;
   const ir::Node* node = nullptr;  // the collective in Program::nodes
+  std::string scope;  // module path of the op it was emitted for (ir/scope.h)
+  int64_t position = 0;  // index of the collective in Program::nodes
 };
 
 // One op of the global graph as the program runs it on each device.
@@ -28,6 +30,8 @@ struct OpCost {
   double model_flops = 0;    // the whole op's, once (model FLOPs for MFU)
   int64_t bytes = 0;         // per device: local operands read plus local results written
   DType dtype = DType::kFloat32;  // of its first result: picks the peak FLOP/s that applies
+  std::string scope;            // module path (ir/scope.h)
+  int64_t position = 0;         // index in Program::nodes of its first local node
 };
 
 struct ProgramStats {

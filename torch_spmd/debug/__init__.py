@@ -5,6 +5,11 @@ import torch
 
 from .. import _C
 from . import metrics  # noqa: F401
+from . import module_scope
+from .comm_report import comm_report  # noqa: F401
+from .views import memory_timeline, trace  # noqa: F401
+
+module_scope.enable()  # ops record the module path they ran under
 
 
 def _as_list(tensors) -> list:
@@ -29,5 +34,6 @@ def last_step_stats() -> dict:
     kind, axes, group_size, bytes — bytes is each device's input buffer),
     ``pending_reductions`` (outputs left as partial sums, reduced when read: same fields),
     ``peak_bytes_per_device``, ``flops_per_device`` and ``replicated_fallback_ops``
-    (op name -> count)."""
+    (op name -> count). Each collective also has ``scope``, the module path of the op it was
+    emitted for (see ``module_scope``, ``comm_report``)."""
     return _C._last_step_stats()

@@ -27,6 +27,13 @@ from .report import ASSUMPTIONS, PlanReport, build_report  # noqa: F401
 
 __all__ = ["Plan", "PlanReport", "PRESETS", "resolve", "measure_host", "report_last_step"]
 
+_ACTIVE = []  # the plans entered, innermost last (plans do not nest: at most one)
+
+
+def _active_hardware():
+    """The active plan's hardware, or None outside a plan."""
+    return _ACTIVE[-1].hardware if _ACTIVE else None
+
 
 class Plan:
     """Context manager for plan mode (see the module docstring).
@@ -78,6 +85,7 @@ class Plan:
             self._restore = (current, limit)
         self.num_devices = n
         _C._set_planning(True, repr(self))
+        _ACTIVE.append(self)
         if self.mesh_shape is not None:
             import numpy as np
             from ..distributed.spmd import mesh as mesh_mod
@@ -88,6 +96,8 @@ class Plan:
 
     def __exit__(self, *exc) -> None:
         _C._set_planning(False, "")
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         if self.mesh is not None:
             from ..distributed.spmd import mesh as mesh_mod
             mesh_mod.set_global_mesh(self._previous_mesh)

@@ -103,7 +103,7 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
         g["seconds"] += seconds
     # The dtype most model FLOPs use decides the peak MFU is measured against.
     by_dtype = {}
-    for _, _, model_flops, _, dtype in stats["op_costs"]:
+    for _, _, model_flops, _, dtype, *_ in stats["op_costs"]:
         half = dtype in ("bf16", "f16")
         by_dtype[half] = by_dtype.get(half, 0.0) + model_flops
     peak = hardware["peak_flops_bf16"] if by_dtype.get(True, 0) > by_dtype.get(False, 0) \

@@ -1,0 +1,18 @@
+// Where in the user's program an op was recorded: the module path it ran under
+// ("blocks.3.attn.qkv", "blocks.3.attn.qkv (backward)"), set by torch_spmd.debug's module
+// tracker. New nodes take the current scope; the partitioner carries it to every local op and
+// collective it emits for a node, so costs and collectives can be attributed to modules.
+#pragma once
+#include <string>
+
+namespace spmd::ir {
+
+// Interned: equal scopes are the same pointer; nullptr is "no scope".
+using Scope = const std::string*;
+
+Scope InternScope(const std::string& name);  // "" gives nullptr
+Scope CurrentScope();
+void SetCurrentScope(Scope scope);
+inline std::string ScopeName(Scope s) { return s ? *s : std::string(); }
+
+}  // namespace spmd::ir

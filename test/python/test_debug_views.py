@@ -1,0 +1,118 @@
+"""Seeing a sharded step: module attribution of collectives (comm_report), the per-device memory
+timeline and the per-device trace, for an executed step and a planned one."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import torch_spmd
+import torch_spmd.core.xla_model as xm
+import torch_spmd.distributed.spmd as xs
+import torch_spmd.plan as plan
+from torch_spmd.debug import comm_report, last_step_stats, memory_timeline, module_scope, trace
+from torch_spmd.debug.comm_report import total_bytes
+from spmd_diff import assert_same, ensure_devices
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+from bench_model import GPT, GPTConfig, sharding_plan  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def devices():
+    ensure_devices()
+    yield
+
+
+def gpt_2d_step(device_count=8, mesh_shape=(4, 2)):
+    """The 2-D GPT example's step (benchmarks/bench_model.py, '2d' plan): Megatron specs on
+    'model', FSDP on 'fsdp', the batch on 'fsdp'. Returns the CPU model and the loss."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(layers=2, dim=64, heads=2, seq=32, vocab=64, batch=16)
+    cpu = GPT(cfg)
+    model = GPT(cfg).to(torch_spmd.device())
+    model.load_state_dict(cpu.state_dict())
+    mesh = xs.Mesh(np.arange(device_count), mesh_shape, ("fsdp", "model"))
+    params = dict(model.named_parameters())
+    for name, spec in sharding_plan("2d", model).items():
+        xs.mark_sharding(params[name], mesh, spec)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xm.mark_step()
+    idx = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), generator=torch.Generator().manual_seed(1))
+    idx_d = idx.to(torch_spmd.device())
+    xs.mark_sharding(idx_d, mesh, ("fsdp", None))
+    loss = model.loss(idx_d, idx_d)
+    loss.backward()
+    opt.step()
+    xm.mark_step()
+    return cpu, model, idx, loss
+
+
+def test_comm_report_attributes_every_collective_byte_to_a_module():
+    cpu, model, idx, loss = gpt_2d_step()
+    stats = last_step_stats()
+    report = comm_report(print_table=False)
+    # Per-module bytes add up to the step's collective bytes exactly.
+    assert total_bytes(report) == sum(c["bytes"] for c in stats["collectives"]) > 0
+    assert sum(e["count"] for d in report.values() for k in d.values() for e in k.values()) == \
+        len(stats["collectives"])
+    # Module paths of the running model, forward and backward apart.
+    assert "blocks.0.qkv" in report and "blocks.1.fc2" in report
+    assert report["blocks.0.qkv"]["backward"]  # its gradient's reduction
+    assert any(d["forward"] for d in report.values()) and any(d["backward"] for d in report.values())
+    # The row-parallel projection's partial sums are reduced in the block, forward and backward.
+    assert "all-reduce" in report["blocks.0"]["forward"] and "all-reduce" in report["blocks.0"]["backward"]
+    assert module_scope.current() == ""  # nothing left open after the step
+    # The numbers are still right.
+    ref = cpu.loss(idx, idx)
+    assert_same(loss.detach().cpu(), ref.detach(), "loss")
+
+
+def test_memory_timeline_peaks_at_the_step_peak(tmp_path):
+    gpt_2d_step()
+    stats = last_step_stats()
+    data = memory_timeline(str(tmp_path / "mem.json"))
+    assert max(data["live_bytes"]) == stats["peak_bytes_per_device"] == data["peak_bytes"]
+    assert data["live_bytes"][data["peak_index"]] == data["peak_bytes"]
+    assert data["peak_buffers"] and all(b["bytes"] > 0 for b in data["peak_buffers"])
+    assert any(b["scope"] for b in data["peak_buffers"])  # labelled with module paths
+    assert json.load(open(tmp_path / "mem.json"))["peak_bytes"] == data["peak_bytes"]
+    svg = open(tmp_path / "mem.svg").read()
+    assert svg.startswith("<svg") and "polyline" in svg
+
+
+def test_trace_has_a_lane_per_device_with_ops_and_collectives(tmp_path):
+    gpt_2d_step()
+    stats = last_step_stats()
+    data = trace(str(tmp_path / "trace.json"), hardware="tpu-v4")
+    loaded = json.load(open(tmp_path / "trace.json"))
+    slices = [e for e in loaded["traceEvents"] if e["ph"] == "X"]
+    lanes = {e["pid"] for e in slices}
+    assert lanes == set(range(8))
+    per_device = len(stats["op_costs"]) + len(stats["collectives"])
+    assert len(slices) == 8 * per_device
+    collectives = [e for e in slices if e["cat"] == "collective" and e["pid"] == 0]
+    assert len(collectives) == len(stats["collectives"])
+    assert all(e["dur"] > 0 for e in slices)
+    # Slices of a lane follow each other; the lane lasts the predicted step.
+    lane0 = [e for e in slices if e["pid"] == 0]
+    end = lane0[-1]["ts"] + lane0[-1]["dur"]
+    assert end == pytest.approx(data["otherData"]["predicted_step_seconds"] * 1e6, rel=1e-6, abs=1e-3)
+
+
+def test_views_of_a_planned_step(tmp_path):
+    hw = dict(name="test", peak_flops_bf16=1e14, hbm_bytes=16 << 30, hbm_bandwidth=1e12,
+              ring_bandwidth=1e11)
+    with plan.Plan(hardware=hw) as p:
+        gpt_2d_step()
+        stats = last_step_stats()
+        report = comm_report(print_table=False)
+        data = memory_timeline(str(tmp_path / "plan_mem.json"))
+        t = trace(str(tmp_path / "plan_trace.json"))
+        r = p.report()
+    assert total_bytes(report) == sum(c["bytes"] for c in stats["collectives"])
+    assert max(data["live_bytes"]) == stats["peak_bytes_per_device"]
+    assert t["otherData"]["hardware"] == "test"
+    assert t["otherData"]["predicted_step_seconds"] == pytest.approx(r.predicted_step_seconds)

@@ -1,0 +1,129 @@
+"""Module attribution: every op recorded on the spmd device carries the path of the module it ran
+under (``blocks.3.attn.qkv``; ``blocks.3.attn.qkv (backward)`` for the ops autograd records for
+it), kept through partitioning, so collectives, FLOPs and bytes can be attributed to modules
+(``torch_spmd.debug.comm_report``).
+
+The tracker uses torch's global module hooks: a forward pre-hook and hook keep the stack of
+running modules (paths relative to the outermost module: the root itself is ``""``), and for
+outputs that need gradients a multi-grad hook marks where the module's backward starts (its
+outputs' gradients are ready) and one on its inputs where it ends. Optimizer steps are scoped
+``optimizer``. It is on by default (``enable(False)`` turns it off); modules running on other
+devices are not affected beyond the hook calls.
+"""
+import threading
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from .. import _C
+
+_state = threading.local()
+_names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_handles: List[RemovableHandle] = []
+_end_of_backward_queued = [False]
+
+
+def _stack() -> List[Tuple[torch.nn.Module, str]]:
+    if not hasattr(_state, "stack"):
+        _state.stack = []
+    return _state.stack
+
+
+def _path_of(module: torch.nn.Module, parent: Optional[Tuple[torch.nn.Module, str]]) -> str:
+    """The module's path below the outermost running module (found among the parent's
+    descendants: ModuleList/ModuleDict containers never run themselves)."""
+    if parent is None:
+        return ""
+    parent_module, parent_path = parent
+    for rel, m in parent_module.named_modules():
+        if m is module and rel:
+            return f"{parent_path}.{rel}" if parent_path else rel
+    return _names.get(module, type(module).__name__)
+
+
+def _is_spmd(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "spmd"
+
+
+def _grad_tensors(x) -> List[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+    return [t for t in tree_leaves(x) if _is_spmd(t) and t.requires_grad]
+
+
+def _set(path: str) -> None:
+    _C._set_scope(path)
+
+
+def _reset_after_backward() -> None:
+    _end_of_backward_queued[0] = False
+    stack = _stack()
+    _set(stack[-1][1] if stack else "")
+
+
+def _backward_scope(path: str):
+    def hook(_grads):
+        _set(f"{path} (backward)")
+        if not _end_of_backward_queued[0]:
+            _end_of_backward_queued[0] = True
+            torch.autograd.Variable._execution_engine.queue_callback(_reset_after_backward)
+    return hook
+
+
+def _pre_forward(module, args):
+    stack = _stack()
+    path = _path_of(module, stack[-1] if stack else None)
+    _names[module] = path
+    stack.append((module, path))
+    _set(path)
+
+
+def _post_forward(module, args, output):
+    stack = _stack()
+    if stack and stack[-1][0] is module:
+        stack.pop()
+    parent = stack[-1][1] if stack else ""
+    _set(parent)
+    if not torch.is_grad_enabled():
+        return
+    path = _names.get(module, "")
+    outs = _grad_tensors(output)
+    if outs:  # the module's backward starts when its outputs' gradients are ready
+        torch.autograd.graph.register_multi_grad_hook(outs, _backward_scope(path), mode="any")
+    ins = _grad_tensors(args)
+    if ins and stack:  # ... and ends when its inputs' are: back to the parent's backward
+        torch.autograd.graph.register_multi_grad_hook(ins, _backward_scope(parent), mode="any")
+
+
+def _pre_step(optimizer, args, kwargs):
+    _set("optimizer")
+
+
+def _post_step(optimizer, args, kwargs):
+    stack = _stack()
+    _set(stack[-1][1] if stack else "")
+
+
+def enable(on: bool = True) -> None:
+    """Turns module attribution on (the default) or off."""
+    global _handles
+    for h in _handles:
+        h.remove()
+    _handles = []
+    _set("")
+    if not on:
+        return
+    from torch.nn.modules import module as module_mod
+    from torch.optim import optimizer as optimizer_mod
+    _handles = [
+        module_mod.register_module_forward_pre_hook(_pre_forward),
+        module_mod.register_module_forward_hook(_post_forward),
+        optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
+        optimizer_mod.register_optimizer_step_post_hook(_post_step),
+    ]
+
+
+def current() -> str:
+    """The module path ops are being recorded under now."""
+    return _C._scope()

@@ -1,0 +1,129 @@
+"""Views of the last step (executed or planned): per-device memory over the program and a
+Chrome/Perfetto trace with one lane per device.
+
+Both read the step's partitioned program through ``_C``: every device runs the same program, so
+each device's curve and lane are alike (the views show them all so that a pod-sized plan looks
+like the pod).
+"""
+import json
+import os
+from typing import Optional, Union
+
+from .. import _C
+from .. import runtime as xr
+
+
+def _label(op: str, scope: str) -> str:
+    return f"{scope}: {op}" if scope else op
+
+
+def memory_timeline(path: str, top: int = 8) -> dict:
+    """Writes the last step's per-device live bytes over its program's instructions to
+    ``path`` (``.json``; an ``.svg`` beside it, and a ``.png`` when matplotlib is installed)
+    and returns the data: ``live_bytes`` (one entry per instruction), ``peak_bytes``,
+    ``peak_index`` and ``peak_buffers`` (the ``top`` largest values live at the peak, each with
+    its bytes, op and module path). The maximum is ``last_step_stats()['peak_bytes_per_device']``.
+    """
+    t = _C._last_memory_timeline()
+    if not t:
+        raise RuntimeError("memory_timeline: no step has run or been planned yet")
+    live = list(t["live_bytes"])
+    peak_index = t["peak_index"]
+    data = {
+        "devices": xr.global_runtime_device_count(),
+        "live_bytes": live,
+        "ops": [_label(o, s) for o, s in zip(t["ops"], t["scopes"])],
+        "peak_index": peak_index,
+        "peak_bytes": live[peak_index] if live else 0,
+        "peak_buffers": [dict(bytes=b, op=op, scope=scope, defined_at=d, last_use=u)
+                         for b, op, scope, d, u in t["peak_buffers"][:top]],
+    }
+    base, ext = os.path.splitext(path)
+    json_path = path if ext == ".json" else base + ".json"
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=1)
+    with open(base + ".svg", "w") as f:
+        f.write(memory_svg(data))
+    try:
+        _png(data, base + ".png")
+    except ImportError:
+        pass
+    return data
+
+
+def memory_svg(data: dict, width: int = 720, height: int = 260) -> str:
+    """The timeline as a self-contained SVG (no dependencies): bytes per device over the
+    instructions, the peak marked and its largest buffers listed."""
+    live = data["live_bytes"] or [0]
+    peak = max(live) or 1
+    n = max(len(live) - 1, 1)
+    x0, y0, w, h = 60, 20, width - 80, height - 60
+    pts = " ".join(f"{x0 + w * i / n:.1f},{y0 + h * (1 - b / peak):.1f}" for i, b in enumerate(live))
+    px = x0 + w * data["peak_index"] / n
+    lines = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 16 * 4}"'
+             f' font-family="sans-serif" font-size="11">',
+             f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#999"/>',
+             f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>',
+             f'<line x1="{px:.1f}" y1="{y0}" x2="{px:.1f}" y2="{y0 + h}" stroke="#d62728"'
+             f' stroke-dasharray="4 3"/>',
+             f'<text x="{x0}" y="{y0 - 6}">bytes per device ({data["devices"]} devices alike), '
+             f'peak {peak / 2**20:.2f} MiB at instruction {data["peak_index"]}</text>',
+             f'<text x="{x0}" y="{y0 + h + 14}">program instructions</text>']
+    for i, b in enumerate(data["peak_buffers"][:4]):
+        label = _label(b["op"], b["scope"]).replace("&", "&amp;").replace("<", "&lt;")
+        lines.append(f'<text x="{x0}" y="{y0 + h + 32 + 16 * i}">{b["bytes"] / 2**20:.2f} MiB '
+                     f'{label}</text>')
+    lines.append("</svg>")
+    return "\n".join(lines)
+
+
+def _png(data: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.plot([b / 2**20 for b in data["live_bytes"]])
+    ax.axvline(data["peak_index"], color="red", linestyle="--")
+    ax.set_xlabel("program instruction")
+    ax.set_ylabel("MiB per device")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def trace(path: str, hardware: Union[str, dict, None] = None,
+          devices: Optional[int] = None) -> dict:
+    """Writes the last step as a Chrome/Perfetto trace (``chrome://tracing``, ui.perfetto.dev):
+    one lane per device (the first ``devices``, all by default), each op of the global program
+    and each collective a slice named with its module path, timed by the cost model on
+    ``hardware`` (default: the plan's, else ``'host'``). Times are predicted, also for executed
+    steps (the emulator's own wall time says nothing about a pod). Returns the trace dict."""
+    from ..plan.hardware import resolve
+    from ..plan import _active_hardware
+    hw = resolve(hardware if hardware is not None else (_active_hardware() or "host"))
+    stats = _C._last_step_stats()
+    est = _C._estimate_last_step(hw)
+    events = []
+    for (op, _, _, nbytes, dtype, scope, position), seconds in zip(stats["op_costs"],
+                                                                   est["op_seconds"]):
+        events.append((position, _label(op, scope), "op", seconds, dict(bytes=nbytes, dtype=dtype)))
+    for c, (seconds, crosses) in zip(stats["collectives"], est["collective_seconds"]):
+        events.append((c["position"], _label(c["kind"], c.get("scope", "")), "collective", seconds,
+                       dict(axes=c["axes"], group_size=c["group_size"], bytes=c["bytes"],
+                            crosses_hosts=crosses)))
+    events.sort(key=lambda e: e[0])
+    n = devices or xr.global_runtime_device_count()
+    trace_events = []
+    for d in range(n):
+        trace_events.append(dict(name="process_name", ph="M", pid=d, tid=0,
+                                 args=dict(name=f"device {d}")))
+        t = 0.0
+        for _, name, cat, seconds, args in events:
+            trace_events.append(dict(name=name, cat=cat, ph="X", pid=d, tid=0, ts=t * 1e6,
+                                     dur=max(seconds * 1e6, 0.001), args=args))
+            t += seconds
+    data = dict(traceEvents=trace_events, displayTimeUnit="ms",
+                otherData=dict(hardware=hw["name"], predicted_step_seconds=est["step_seconds"]))
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return data
