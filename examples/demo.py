@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--devices", type=int, default=None,
                     help="emulated devices (default: SPMD_NUM_DEVICES or 8); must be even")
+    ap.add_argument("--report", metavar="PATH",
+                    help="write an HTML report of the last training step (shardings, "
+                         "collectives per module, memory timeline) to PATH")
     args = ap.parse_args()
     if args.devices is not None:
         xr.configure_devices(args.devices)
@@ -150,6 +153,9 @@ def main() -> None:
               f"{fmt_bytes(info['peak_bytes_used']):>10}")
     print(f"compiles: {met.counter_value('UncachedCompile')} uncached, "
           f"{met.counter_value('CachedCompile')} cached (steady-state steps reuse one program)")
+    if args.report:
+        torch_spmd.debug.report(args.report, model=model, title="demo: Megatron + data parallel MLP")
+        print(f"report: {args.report}")
 
 
 if __name__ == "__main__":

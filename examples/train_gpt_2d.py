@@ -24,6 +24,8 @@ def parse_args(argv=None):
     p.add_argument("--tensor", type=int, default=2, help="size of the 'tensor' mesh axis")
     p.add_argument("--no-activation-hints", action="store_true",
                    help="annotate parameters and inputs only (see annotate_2d_activations)")
+    p.add_argument("--report", metavar="PATH",
+                   help="write an HTML report of the last training step to PATH")
     return p.parse_args(argv)
 
 
@@ -85,6 +87,8 @@ def main(argv=None):
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
     stats = torch_spmd.debug.last_step_stats()
+    if args.report:  # the last training step (validation runs other steps)
+        torch_spmd.debug.report(args.report, model=model, title="2-D GPT (fsdp x tensor)")
     kinds = {}
     for c in stats["collectives"]:
         key = f"{c['kind']}{c['axes']}"

@@ -46,6 +46,17 @@ void BindSharding(py::module_& m) {
       py::arg("dim_axes"),
       "A new spmd tensor with a CPU tensor's data laid out directly in the given sharding.");
   m.def("_clear_sharding", &aten::ClearSharding);
+  // The sharding in named form ("[{fsdp}, {model}]"), "" when none: short for any mesh size.
+  m.def("_named_sharding", [](const at::Tensor& t) {
+    Sharding s = aten::GetSharding(t);
+    return s.valid() ? s.WithoutPartial().ToNamedString() : std::string();
+  });
+  // The (padded) shape each device holds of `t`: its whole shape when it has no sharding.
+  m.def("_shard_shape", [](const at::Tensor& t) {
+    Sharding s = aten::GetSharding(t);
+    Shape shape(t.sizes().begin(), t.sizes().end());
+    return s.valid() ? s.ShardShape(shape) : shape;
+  });
   m.def("_spmd_full_to_shard_shape", &aten::FullToShard);
   m.def(
       "_spmd_shard_to_full_shape",

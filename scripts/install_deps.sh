@@ -5,7 +5,7 @@
 # Debian 12, whose torch is 1.13, scripts/env.sh installs PyPI's torch 2.13.0 into a venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev)
+PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev chromium)
 major=$(cut -d. -f1 /etc/debian_version 2>/dev/null | grep -E '^[0-9]+$' || echo 0)
 if [ "$major" -ge 13 ] || [ "$major" -eq 0 ]; then
   PACKAGES+=(

@@ -116,3 +116,53 @@ def test_views_of_a_planned_step(tmp_path):
     assert max(data["live_bytes"]) == stats["peak_bytes_per_device"]
     assert t["otherData"]["hardware"] == "test"
     assert t["otherData"]["predicted_step_seconds"] == pytest.approx(r.predicted_step_seconds)
+
+
+def test_html_report_of_a_64_device_plan_renders_in_headless_chromium(tmp_path):
+    # The report of a planned 64-device step, opened in Debian's chromium (installed by
+    # scripts/install_deps.sh): it must load and render without console errors.
+    import shutil
+    import subprocess
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is installed by scripts/install_deps.sh"
+    page = tmp_path / "report.html"
+    code = f"""
+import sys
+sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")!r})
+import numpy as np, torch, torch_spmd
+import torch_spmd.core.xla_model as xm
+import torch_spmd.distributed.spmd as xs
+import torch_spmd.plan as plan
+from torch_spmd.debug import report
+from bench_model import GPT, GPTConfig, sharding_plan
+with plan.Plan(num_devices=64, hardware="tpu-v4"):
+    cfg = GPTConfig(layers=2, dim=256, heads=4, seq=128, vocab=1024, batch=64)
+    with torch.device("spmd"):
+        model = GPT(cfg)
+    mesh = xs.Mesh(np.arange(64), (16, 4), ("fsdp", "model"))
+    params = dict(model.named_parameters())
+    for name, spec in sharding_plan("2d", model).items():
+        xs.mark_sharding(params[name], mesh, spec)
+    opt = torch.optim.AdamW(model.parameters())
+    xm.mark_step()
+    idx = torch.zeros(cfg.batch, cfg.seq, dtype=torch.long, device="spmd")
+    xs.mark_sharding(idx, mesh, ("fsdp", None))
+    model.loss(idx, idx).backward()
+    opt.step()
+    xm.mark_step()
+    report({str(page)!r}, model=model, title="2-D GPT on 64 x TPU v4 (planned)")
+"""
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+         "--v=0", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = result.stdout
+    assert "2-D GPT on 64 x TPU v4 (planned): 64 devices" in dom
+    assert "Collectives per module" in dom and "blocks.0.qkv.weight" in dom and "<svg" in dom
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
+    assert console == [], console

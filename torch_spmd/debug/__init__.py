@@ -8,6 +8,7 @@ from . import metrics  # noqa: F401
 from . import module_scope
 from .comm_report import comm_report  # noqa: F401
 from .views import memory_timeline, trace  # noqa: F401
+from .html_report import report  # noqa: F401
 
 module_scope.enable()  # ops record the module path they ran under
 
