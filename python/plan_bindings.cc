@@ -7,6 +7,7 @@
 #include "aten/sync.h"
 #include "partition/cost.h"
 #include "partition/cost_model.h"
+#include "runtime/executable.h"
 #include "runtime/plan_mode.h"
 
 namespace spmd {
@@ -71,6 +72,20 @@ void BindPlan(py::module_& m) {
     d["peak_index"] = peak_at;
     d["peak_buffers"] = buffers;
     return d;
+  });
+  // What the emulator measured for the last step when it was executed (empty when planned):
+  // per instruction, its node's op, module path and seconds per device.
+  m.def("_last_run_profile", [] {
+    py::list out;
+    std::shared_ptr<const partition::Program> program = aten::LastProgram();
+    runtime::RunProfile profile = runtime::LastRunProfile();
+    if (!program || profile.program != program.get()) return out;
+    for (size_t i = 0; i < profile.seconds.size(); ++i) {
+      const ir::Node& n = *program->nodes.at(profile.node_index[i]);
+      out.append(py::make_tuple(n.op()->qualified, ir::ScopeName(n.scope()), n.op()->internal,
+                                profile.seconds[i]));
+    }
+    return out;
   });
   // The last step (planned or executed) on `hardware` (a dict of Hardware's fields).
   m.def("_estimate_last_step", [](const py::dict& hardware) {

@@ -5,6 +5,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
+#include <mutex>
+#include <chrono>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -15,6 +17,18 @@
 #include "runtime/internal_kernels.h"
 
 namespace spmd::runtime {
+
+namespace {
+std::mutex& ProfileMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+RunProfile& LastProfile() {
+  static auto* profile = new RunProfile();
+  return *profile;
+}
+}  // namespace
+
 
 namespace {
 
@@ -111,6 +125,7 @@ void Executable::Lower() {
     if (n->op() == data_op) continue;
     Instruction ins;
     ins.node = n.get();
+    ins.node_index = static_cast<int>(&n - program_.nodes.data());
     for (const ir::Value& v : n->inputs()) ins.inputs.push_back(slot_of(v));
     for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(first_slot.at(n.get()) + o);
     if (!n->op()->internal) {
@@ -210,7 +225,8 @@ bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& s
 }
 
 void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
-                           const std::vector<ir::ScalarValue>& scalars) const {
+                           const std::vector<ir::ScalarValue>& scalars,
+                           std::vector<float>& seconds) const {
   if (ins.alias != ViewAlias::kNone && TryAliasInput(ins, slots)) return;
   const ir::Node& node = *ins.node;
   const c10::OperatorHandle& kernel = KernelFor(node.op());
@@ -253,6 +269,7 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
 
   std::vector<SlotValue> results(ins.outputs.size(), SlotValue(num_devices));
   for (const auto& group : groups) {
+    const auto started = std::chrono::steady_clock::now();
     size_t dev = group[0];
     std::vector<c10::IValue> stack = ins.stack;
     std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
@@ -350,6 +367,9 @@ void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots
                  TypeOf(outs[o]).ToString(), " where the program expects ", want.ToString());
       MakeSharedBuffers(group, outs[o], ins.labels[o], results[o]);
     }
+    const float took =
+        std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count();
+    for (size_t d : group) seconds[d] = took;
   }
   for (size_t o = 0; o < ins.outputs.size(); ++o) slots[ins.outputs[o]] = std::move(results[o]);
 }
@@ -382,11 +402,24 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   }
   // Donated inputs whose device memory was given back; taken back if the run fails.
   std::vector<BufferPtr> given_back;
+  RunProfile profile;
+  profile.program = &program_;
+  profile.seconds.reserve(instructions_.size());
+  const size_t num_devices = DeviceSet::Get().num_devices();
   try {
     for (const Instruction& ins : instructions_) {
+      profile.node_index.push_back(ins.node_index);
+      profile.seconds.emplace_back(num_devices, 0.0f);
+      std::vector<float>& seconds = profile.seconds.back();
       try {
-        if (ins.node->op()->internal) RunInternalOp(ins, slots);
-        else RunAtenOp(ins, slots, scalars);
+        if (ins.node->op()->internal) {
+          const auto started = std::chrono::steady_clock::now();
+          RunInternalOp(ins, slots);  // all devices at once: each gets the whole time
+          std::fill(seconds.begin(), seconds.end(),
+                    std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count());
+        } else {
+          RunAtenOp(ins, slots, scalars, seconds);
+        }
       } catch (c10::Error& e) {
         // Name the op that failed (the type, e.g. IndexError, is kept).
         e.add_context("while running " + ins.node->op()->qualified + " of the compiled program");
@@ -424,7 +457,16 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
                                                    program_.output_shardings[i],
                                                    slots[output_slots_[i]]));
   }
+  {
+    std::lock_guard<std::mutex> lock(ProfileMutex());
+    LastProfile() = std::move(profile);
+  }
   return outputs;
+}
+
+RunProfile LastRunProfile() {
+  std::lock_guard<std::mutex> lock(ProfileMutex());
+  return LastProfile();
 }
 
 }  // namespace spmd::runtime

@@ -13,6 +13,15 @@
 
 namespace spmd::runtime {
 
+// Wall time of each instruction of the most recent successful run, per device: what the
+// emulator measured (devices sharing a kernel call share its time). For trace views.
+struct RunProfile {
+  const partition::Program* program = nullptr;
+  std::vector<int> node_index;                // per instruction: its node in program->nodes
+  std::vector<std::vector<float>> seconds;    // per instruction, per device
+};
+RunProfile LastRunProfile();
+
 class Executable {
  public:
   explicit Executable(partition::Program program);
@@ -33,6 +42,7 @@ class Executable {
  private:
   struct Instruction {
     const ir::Node* node;
+    int node_index = 0;  // position of `node` in program().nodes
     std::vector<int> inputs;   // slot per node input
     std::vector<int> outputs;  // slot per node output
     std::vector<int> free_after;  // slots whose last use is this instruction
@@ -61,8 +71,9 @@ class Executable {
   using SlotValue = std::vector<BufferPtr>;  // one buffer per device
 
   void Lower();
+  // `seconds[d]`: the wall time of the kernel call that computed device d's result.
   void RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
-                 const std::vector<ir::ScalarValue>& scalars) const;
+                 const std::vector<ir::ScalarValue>& scalars, std::vector<float>& seconds) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
   bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const;
 

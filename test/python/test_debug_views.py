@@ -83,10 +83,26 @@ def test_memory_timeline_peaks_at_the_step_peak(tmp_path):
     assert svg.startswith("<svg") and "polyline" in svg
 
 
+def test_measured_trace_of_an_executed_step(tmp_path):
+    gpt_2d_step()
+    stats = last_step_stats()
+    data = trace(str(tmp_path / "measured.json"))  # executed: the emulator's times by default
+    assert data["otherData"]["times"] == "measured on the emulator"
+    slices = [e for e in json.load(open(tmp_path / "measured.json"))["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == set(range(8))
+    lane0 = [e for e in slices if e["pid"] == 0]
+    assert len(lane0) == data["otherData"]["instructions"] and len(slices) == 8 * len(lane0)
+    # Every collective of the step is an instruction of its lanes, named with its module path.
+    collectives = [e for e in lane0 if e["cat"] == "collective"]
+    assert len(collectives) == len(stats["collectives"])
+    assert any("blocks.0" in e["name"] for e in lane0)
+    assert all(e["dur"] > 0 for e in slices)
+
+
 def test_trace_has_a_lane_per_device_with_ops_and_collectives(tmp_path):
     gpt_2d_step()
     stats = last_step_stats()
-    data = trace(str(tmp_path / "trace.json"), hardware="tpu-v4")
+    data = trace(str(tmp_path / "trace.json"), hardware="tpu-v4", measured=False)
     loaded = json.load(open(tmp_path / "trace.json"))
     slices = [e for e in loaded["traceEvents"] if e["ph"] == "X"]
     lanes = {e["pid"] for e in slices}
@@ -112,6 +128,8 @@ def test_views_of_a_planned_step(tmp_path):
         data = memory_timeline(str(tmp_path / "plan_mem.json"))
         t = trace(str(tmp_path / "plan_trace.json"))
         r = p.report()
+        with pytest.raises(RuntimeError, match="planned, not executed"):
+            trace(str(tmp_path / "x.json"), measured=True)
     assert total_bytes(report) == sum(c["bytes"] for c in stats["collectives"])
     assert max(data["live_bytes"]) == stats["peak_bytes_per_device"]
     assert t["otherData"]["hardware"] == "test"

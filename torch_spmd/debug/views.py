@@ -13,6 +13,10 @@ from .. import _C
 from .. import runtime as xr
 
 
+_COLLECTIVES = {"all_gather", "all_reduce", "reduce_scatter", "all_to_all", "collective_permute",
+                "halo_exchange"}
+
+
 def _label(op: str, scope: str) -> str:
     return f"{scope}: {op}" if scope else op
 
@@ -92,14 +96,25 @@ def _png(data: dict, path: str) -> None:
 
 
 def trace(path: str, hardware: Union[str, dict, None] = None,
-          devices: Optional[int] = None) -> dict:
+          devices: Optional[int] = None, measured: Optional[bool] = None) -> dict:
     """Writes the last step as a Chrome/Perfetto trace (``chrome://tracing``, ui.perfetto.dev):
-    one lane per device (the first ``devices``, all by default), each op of the global program
-    and each collective a slice named with its module path, timed by the cost model on
-    ``hardware`` (default: the plan's, else ``'host'``). Times are predicted, also for executed
-    steps (the emulator's own wall time says nothing about a pod). Returns the trace dict."""
+    one lane per device (the first ``devices``, all by default), ops and collectives as slices
+    named with their module paths.
+
+    ``measured`` (default: whenever the last step was executed, not planned): the emulator's
+    wall time of each instruction of the per-device program, per device (devices computing the
+    same replicated result share one kernel call and its time). Otherwise each op of the global
+    program and each collective is timed by the cost model on ``hardware`` (default: the
+    plan's, else ``'host'``): what a pod would take. Returns the trace dict."""
     from ..plan.hardware import resolve
     from ..plan import _active_hardware
+    profile = _C._last_run_profile()
+    if measured is None:
+        measured = bool(profile)
+    if measured:
+        if not profile:
+            raise RuntimeError("trace(measured=True): the last step was planned, not executed")
+        return _measured_trace(path, profile, devices)
     hw = resolve(hardware if hardware is not None else (_active_hardware() or "host"))
     stats = _C._last_step_stats()
     est = _C._estimate_last_step(hw)
@@ -123,7 +138,29 @@ def trace(path: str, hardware: Union[str, dict, None] = None,
                                      dur=max(seconds * 1e6, 0.001), args=args))
             t += seconds
     data = dict(traceEvents=trace_events, displayTimeUnit="ms",
-                otherData=dict(hardware=hw["name"], predicted_step_seconds=est["step_seconds"]))
+                otherData=dict(times="predicted", hardware=hw["name"],
+                               predicted_step_seconds=est["step_seconds"]))
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return data
+
+
+def _measured_trace(path: str, profile: list, devices: Optional[int]) -> dict:
+    n = devices or xr.global_runtime_device_count()
+    trace_events = []
+    for d in range(n):
+        trace_events.append(dict(name="process_name", ph="M", pid=d, tid=0,
+                                 args=dict(name=f"device {d}")))
+        t = 0.0
+        for op, scope, internal, seconds in profile:
+            kind = "collective" if internal and op.split("::")[-1] in _COLLECTIVES else "op"
+            trace_events.append(dict(name=_label(op, scope), cat=kind,
+                                     ph="X", pid=d, tid=0, ts=t * 1e6,
+                                     dur=max(seconds[d] * 1e6, 0.001)))
+            t += seconds[d]
+    data = dict(traceEvents=trace_events, displayTimeUnit="ms",
+                otherData=dict(times="measured on the emulator",
+                               instructions=len(profile)))
     with open(path, "w") as f:
         json.dump(data, f)
     return data
