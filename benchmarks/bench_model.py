@@ -106,3 +106,23 @@ def sharding_plan(strategy: str, model: GPT) -> dict:
             else:
                 plan[name] = ("fsdp",) + (None,) * (p.dim() - 1)
     return plan
+
+
+def spmd_train_step(model: GPT, opt, tokens: torch.Tensor, mesh, batch_axis) -> torch.Tensor:
+    """One language-model training step on the spmd device: next-token targets from the host
+    `tokens` ([batch, seq + 1]), the batch sharded over `batch_axis` (None: replicated), one
+    optimizer step, then the step runs (mark_step). Returns the loss."""
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    dev = torch_spmd.device()
+    x, y = tokens[:, :-1].to(dev), tokens[:, 1:].to(dev)
+    if batch_axis:
+        xs.mark_sharding(x, mesh, (batch_axis, None))
+        xs.mark_sharding(y, mesh, (batch_axis, None))
+    loss = model.loss(x, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    xm.mark_step()
+    return loss

@@ -46,7 +46,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_model import GPT, GPTConfig, sharding_plan  # noqa: E402
+from bench_model import GPT, GPTConfig, sharding_plan, spmd_train_step  # noqa: E402
 
 CFG = GPTConfig(layers=4, dim=128, heads=4, seq=64, vocab=256, batch=32)
 BIG_CFG = GPTConfig(layers=2, dim=1024, heads=8, seq=64, vocab=256, batch=16)
@@ -161,16 +161,7 @@ def _spmd_train(cfg: GPTConfig, strategy: str, devices: int, tokens, warmup: int
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(tok):
-        x, y = tok[:, :-1].to(dev), tok[:, 1:].to(dev)
-        if batch_axis:
-            xs.mark_sharding(x, mesh, (batch_axis, None))
-            xs.mark_sharding(y, mesh, (batch_axis, None))
-        loss = model.loss(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        xm.mark_step()
-        return loss.item()
+        return spmd_train_step(model, opt, tok, mesh, batch_axis).item()
 
     out = timed_loop(step, tokens, warmup)
     stats = torch_spmd.debug.last_step_stats()

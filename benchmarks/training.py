@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_model import GPT, GPTConfig, sharding_plan  # noqa: E402
+from bench_model import GPT, GPTConfig, sharding_plan, spmd_train_step  # noqa: E402
 
 CFG = GPTConfig(layers=4, dim=128, heads=4, seq=64, vocab=256, batch=32)
 STRATEGIES = (("1 device", "none", (1,)), ("data parallel", "dp", (8,)),
@@ -67,16 +67,7 @@ def measure(strategy: str, mesh_shape) -> dict:
 
     def step():
         tokens = torch.randint(0, CFG.vocab, (CFG.batch, CFG.seq + 1))
-        x, y = tokens[:, :-1].to(dev), tokens[:, 1:].to(dev)
-        if batch_axis:
-            xs.mark_sharding(x, mesh, (batch_axis, None))
-            xs.mark_sharding(y, mesh, (batch_axis, None))
-        loss = model.loss(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        xm.mark_step()
-        return loss
+        return spmd_train_step(model, opt, tokens, mesh, batch_axis)
 
     for _ in range(3):  # compile, warm up
         step()
