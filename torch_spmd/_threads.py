@@ -7,7 +7,10 @@ Rule, applied once on ``import torch_spmd``:
 2. else, if ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set, torch already honoured it
    (torchrun sets ``OMP_NUM_THREADS=1`` per worker): left alone;
 3. else ``len(os.sched_getaffinity(0))``, the cores this process may run on (respects
-   ``taskset`` and cgroup cpusets, unlike torch's own default of the machine's physical cores).
+   ``taskset`` and cgroup cpusets, unlike torch's own default of the machine's physical cores),
+   shared among the processes of this host when it is one of several (``LOCAL_WORLD_SIZE``, as
+   torchrun and ``xmp.spawn`` set it): more OpenMP threads than free cores make every parallel
+   region wait for a descheduled thread, which slows small kernels down tenfold.
 
 ``torch.set_num_threads`` after the import overrides it as usual.
 """
@@ -37,7 +40,9 @@ def default_num_threads() -> Optional[int]:
         return n
     if os.environ.get("OMP_NUM_THREADS", "").strip() or os.environ.get("MKL_NUM_THREADS", "").strip():
         return None
-    return max(1, _cores())
+    local_processes = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    share = int(local_processes) if local_processes.isdigit() and int(local_processes) > 0 else 1
+    return max(1, _cores() // share)
 
 
 def configure_threads() -> None:

@@ -14,7 +14,8 @@ PROBE = ("import os, torch, torch_spmd; "
 
 def _threads(preexec_fn=None, **env_vars):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SPMD_NUM_THREADS")}
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SPMD_NUM_THREADS",
+                        "LOCAL_WORLD_SIZE")}
     env.update(env_vars)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True,
@@ -34,6 +35,14 @@ def test_default_follows_the_affinity_mask():
     first = min(os.sched_getaffinity(0))
     threads, cores = _threads(preexec_fn=lambda: os.sched_setaffinity(0, {first}))
     assert (threads, cores) == (1, 1)
+
+
+def test_processes_of_one_host_share_its_cores():
+    # xmp.spawn / torchrun replicas: each gets its share (at least one), never all the cores.
+    threads, cores = _threads(LOCAL_WORLD_SIZE="2")
+    assert threads == max(1, cores // 2)
+    threads, cores = _threads(LOCAL_WORLD_SIZE=str(8 * cores))
+    assert threads == 1
 
 
 def test_spmd_num_threads():
