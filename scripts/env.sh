@@ -12,7 +12,7 @@ _debian_major() { cut -d. -f1 /etc/debian_version 2>/dev/null | grep -E '^[0-9]+
 
 _spmd_python_debian12() {
   local venv="${SPMD_VENV:-$_spmd_root/.venv}"
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, pytest, pybind11' 2>/dev/null; then
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch, pytest, pybind11, matplotlib' 2>/dev/null; then
     local base=""
     for cand in python3.11 /root/.pyenv/versions/3.11*/bin/python3.11 python3; do
       if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
@@ -24,10 +24,10 @@ _spmd_python_debian12() {
       return 1
     fi
     echo "Debian 12 detected: Debian's torch is 1.13 (unsupported); using PyPI's torch 2.13.0 in $venv" >&2
-    "$base" -m venv "$venv"
+    [ -x "$venv/bin/python" ] || "$base" -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" >&2 || true
     "$venv/bin/pip" install -q --disable-pip-version-check numpy pytest hypothesis rich scikit-learn tqdm \
-      pybind11 setuptools wheel 2>&1 | grep -v "^WARNING: Location" >&2 || true
+      matplotlib pybind11 setuptools wheel 2>&1 | grep -v "^WARNING: Location" >&2 || true
     "$venv/bin/python" -c 'import torch, pytest, pybind11' || return 1
   fi
   PYTHON="$venv/bin/python"

@@ -81,6 +81,8 @@ def test_memory_timeline_peaks_at_the_step_peak(tmp_path):
     assert json.load(open(tmp_path / "mem.json"))["peak_bytes"] == data["peak_bytes"]
     svg = open(tmp_path / "mem.svg").read()
     assert svg.startswith("<svg") and "polyline" in svg
+    # matplotlib is a test dependency (scripts/env.sh, install_deps.sh): the PNG is written too.
+    assert open(tmp_path / "mem.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_measured_trace_of_an_executed_step(tmp_path):

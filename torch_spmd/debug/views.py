@@ -23,7 +23,8 @@ def _label(op: str, scope: str) -> str:
 
 def memory_timeline(path: str, top: int = 8) -> dict:
     """Writes the last step's per-device live bytes over its program's instructions to
-    ``path`` (``.json``; an ``.svg`` beside it, and a ``.png`` when matplotlib is installed)
+    ``path`` (``.json``; an ``.svg`` beside it, and a ``.png`` with matplotlib, which the
+    project's test setup installs; torch_spmd itself does not depend on it)
     and returns the data: ``live_bytes`` (one entry per instruction), ``peak_bytes``,
     ``peak_index`` and ``peak_buffers`` (the ``top`` largest values live at the peak, each with
     its bytes, op and module path). The maximum is ``last_step_stats()['peak_bytes_per_device']``.
