@@ -186,3 +186,19 @@ with plan.Plan(num_devices=64, hardware="tpu-v4"):
     assert "Collectives per module" in dom and "blocks.0.qkv.weight" in dom and "<svg" in dom
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
     assert console == [], console
+
+
+def test_a_forward_that_raises_leaves_no_module_or_scope_behind():
+    # The module tracker's stack holds modules weakly and pops them even when forward raises:
+    # a failed forward neither keeps the model's tensors alive nor leaves its scope set.
+    import gc
+    from torch_spmd import _C
+    gc.collect()
+    before = _C._live_tensor_count()
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3)).to(torch_spmd.device())
+    with pytest.raises(RuntimeError):
+        m(torch.randn(2, 5).to(torch_spmd.device()))
+    assert module_scope.current() == ""
+    del m
+    gc.collect()
+    assert _C._live_tensor_count() == before

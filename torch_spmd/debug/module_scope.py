@@ -25,18 +25,21 @@ _handles: List[RemovableHandle] = []
 _end_of_backward_queued = [False]
 
 
-def _stack() -> List[Tuple[torch.nn.Module, str]]:
+def _stack() -> List[Tuple["weakref.ref", str]]:
     if not hasattr(_state, "stack"):
         _state.stack = []
     return _state.stack
 
 
-def _path_of(module: torch.nn.Module, parent: Optional[Tuple[torch.nn.Module, str]]) -> str:
+def _path_of(module: torch.nn.Module, parent: Optional[Tuple["weakref.ref", str]]) -> str:
     """The module's path below the outermost running module (found among the parent's
     descendants: ModuleList/ModuleDict containers never run themselves)."""
     if parent is None:
         return ""
-    parent_module, parent_path = parent
+    parent_ref, parent_path = parent
+    parent_module = parent_ref()
+    if parent_module is None:
+        return _names.get(module, type(module).__name__)
     for rel, m in parent_module.named_modules():
         if m is module and rel:
             return f"{parent_path}.{rel}" if parent_path else rel
@@ -75,13 +78,16 @@ def _pre_forward(module, args):
     stack = _stack()
     path = _path_of(module, stack[-1] if stack else None)
     _names[module] = path
-    stack.append((module, path))
+    stack.append((weakref.ref(module), path))  # weak: the stack never keeps a model alive
     _set(path)
 
 
 def _post_forward(module, args, output):
+    # Runs when the forward raised too (always_call): the stack never keeps a failed module.
     stack = _stack()
-    if stack and stack[-1][0] is module:
+    while stack and stack[-1][0]() is not module and any(r() is module for r, _ in stack):
+        stack.pop()
+    if stack and stack[-1][0]() is module:
         stack.pop()
     parent = stack[-1][1] if stack else ""
     _set(parent)
@@ -118,7 +124,7 @@ def enable(on: bool = True) -> None:
     from torch.optim import optimizer as optimizer_mod
     _handles = [
         module_mod.register_module_forward_pre_hook(_pre_forward),
-        module_mod.register_module_forward_hook(_post_forward),
+        module_mod.register_module_forward_hook(_post_forward, always_call=True),
         optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
         optimizer_mod.register_optimizer_step_post_hook(_post_step),
     ]

@@ -73,7 +73,9 @@ class Plan:
         n = self.num_devices if self.num_devices is not None else current
         limit = _C._memory_info(0)["bytes_limit"]
         capacity = int(self.hardware["hbm_bytes"])
-        if n != current or limit != capacity:
+        # Only the device count matters to a plan (nothing is allocated; the report checks the
+        # hardware's capacity itself), so the device set is rebuilt only when it changes.
+        if n != current:
             try:
                 xr.configure_devices(n, capacity)
             except RuntimeError as e:
