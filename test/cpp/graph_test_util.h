@@ -20,11 +20,14 @@ namespace spmd::testing {
 
 using Names = std::vector<std::string>;
 
-inline MeshPtr MakeMesh(std::vector<int64_t> shape, Names names) {
-  int64_t size = 1;
-  for (int64_t s : shape) size *= s;
-  std::vector<int64_t> ids(size);
-  std::iota(ids.begin(), ids.end(), 0);
+// A mesh of `shape` named `names` over `ids` (default 0, 1, ... in row-major order).
+inline MeshPtr MakeMesh(std::vector<int64_t> shape, Names names, std::vector<int64_t> ids = {}) {
+  if (ids.empty()) {
+    int64_t size = 1;
+    for (int64_t s : shape) size *= s;
+    ids.resize(size);
+    std::iota(ids.begin(), ids.end(), 0);
+  }
   return std::make_shared<const Mesh>(std::move(ids), std::move(shape), std::move(names));
 }
 

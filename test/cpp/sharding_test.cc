@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "graph_test_util.h"
+
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -11,32 +13,9 @@
 namespace spmd {
 namespace {
 
-using Names = std::vector<std::string>;
-
-MeshPtr MakeMesh(std::vector<int64_t> shape, Names names, std::vector<int64_t> ids = {}) {
-  if (ids.empty()) {
-    int64_t size = 1;
-    for (int64_t s : shape) size *= s;
-    ids.resize(size);
-    std::iota(ids.begin(), ids.end(), 0);
-  }
-  return std::make_shared<const Mesh>(std::move(ids), std::move(shape), std::move(names));
-}
-
-// A partition spec written with axis names, one entry per tensor dim ({} is None).
-Sharding Spec(const MeshPtr& mesh, const std::vector<Names>& spec) {
-  std::vector<AxisList> dim_axes;
-  for (const Names& entry : spec) {
-    AxisList axes;
-    for (const std::string& name : entry) {
-      const int axis = mesh->AxisIndex(name);
-      if (axis < 0) throw std::logic_error("test spec names unknown axis " + name);
-      axes.push_back(axis);
-    }
-    dim_axes.push_back(axes);
-  }
-  return Sharding::Tiled(mesh, dim_axes);
-}
+using testing::MakeMesh;
+using testing::Names;
+using testing::Spec;
 
 MeshPtr DataModelMesh() { return MakeMesh({4, 2}, {"data", "model"}); }
 MeshPtr XyzMesh() { return MakeMesh({2, 2, 2}, {"x", "y", "z"}); }

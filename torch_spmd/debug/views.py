@@ -128,40 +128,35 @@ def trace(path: str, hardware: Union[str, dict, None] = None,
                        dict(axes=c["axes"], group_size=c["group_size"], bytes=c["bytes"],
                             crosses_hosts=crosses)))
     events.sort(key=lambda e: e[0])
-    n = devices or xr.global_runtime_device_count()
-    trace_events = []
-    for d in range(n):
-        trace_events.append(dict(name="process_name", ph="M", pid=d, tid=0,
-                                 args=dict(name=f"device {d}")))
-        t = 0.0
-        for _, name, cat, seconds, args in events:
-            trace_events.append(dict(name=name, cat=cat, ph="X", pid=d, tid=0, ts=t * 1e6,
-                                     dur=max(seconds * 1e6, 0.001), args=args))
-            t += seconds
-    data = dict(traceEvents=trace_events, displayTimeUnit="ms",
-                otherData=dict(times="predicted", hardware=hw["name"],
-                               predicted_step_seconds=est["step_seconds"]))
-    with open(path, "w") as f:
-        json.dump(data, f)
-    return data
+    slices = [(name, cat, lambda d, s=seconds: s, args) for _, name, cat, seconds, args in events]
+    return _write_trace(path, slices, devices,
+                        dict(times="predicted", hardware=hw["name"],
+                             predicted_step_seconds=est["step_seconds"]))
 
 
 def _measured_trace(path: str, profile: list, devices: Optional[int]) -> dict:
-    n = devices or xr.global_runtime_device_count()
+    slices = []
+    for op, scope, internal, seconds in profile:
+        kind = "collective" if internal and op.split("::")[-1] in _COLLECTIVES else "op"
+        slices.append((_label(op, scope), kind, lambda d, s=seconds: s[d], {}))
+    return _write_trace(path, slices, devices,
+                        dict(times="measured on the emulator", instructions=len(profile)))
+
+
+def _write_trace(path: str, slices: list, devices: Optional[int], other: dict) -> dict:
+    """One lane per device, `slices` ((name, category, seconds of device d, args)) back to
+    back in each; written as Chrome trace JSON."""
     trace_events = []
-    for d in range(n):
+    for d in range(devices or xr.global_runtime_device_count()):
         trace_events.append(dict(name="process_name", ph="M", pid=d, tid=0,
                                  args=dict(name=f"device {d}")))
         t = 0.0
-        for op, scope, internal, seconds in profile:
-            kind = "collective" if internal and op.split("::")[-1] in _COLLECTIVES else "op"
-            trace_events.append(dict(name=_label(op, scope), cat=kind,
-                                     ph="X", pid=d, tid=0, ts=t * 1e6,
-                                     dur=max(seconds[d] * 1e6, 0.001)))
-            t += seconds[d]
-    data = dict(traceEvents=trace_events, displayTimeUnit="ms",
-                otherData=dict(times="measured on the emulator",
-                               instructions=len(profile)))
+        for name, cat, seconds_of, args in slices:
+            seconds = seconds_of(d)
+            trace_events.append(dict(name=name, cat=cat, ph="X", pid=d, tid=0, ts=t * 1e6,
+                                     dur=max(seconds * 1e6, 0.001), args=args))
+            t += seconds
+    data = dict(traceEvents=trace_events, displayTimeUnit="ms", otherData=other)
     with open(path, "w") as f:
         json.dump(data, f)
     return data
