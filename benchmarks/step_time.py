@@ -10,7 +10,9 @@ and reads the same token batches, so each row's first losses are checked against
 the step's loss on the host (transfer, forward, backward, optimizer, mark_step, loss.item());
 median of --steps steps after --warmup warm-up steps (the first compiles).
 
-Rows, each in its own process (device counts and thread settings do not leak):
+Rows, each in its own process (device counts and thread settings do not leak), run --rounds
+times in turn (a shared host's slow phases then hit every row alike): a row's s/step is the
+median of its rounds' medians, a ratio the median of the rounds' ratios.
   - CPU eager and every spmd row: torch.set_num_threads(--threads, default: this process's
     cores); spmd rows set SPMD_NUM_DEVICES and SPMD_NUM_THREADS.
   - gloo DDP: 8 processes on 127.0.0.1, 1 intra-op thread and batch 4 each; rank 0's median,
@@ -25,10 +27,11 @@ Rows, each in its own process (device counts and thread settings do not leak):
     embedding tables, T = batch * seq tokens, L layers, S seq; the second term is attention's
     QK^T and AV, forward and backward, counted over the whole S x S square as in PaLM's MFU),
     divided by the step time and by the host's fp32 matmul peak (best of several
-    torch.mm(2048 x 2048, 2048 x 2048), same threads, same process).
+    torch.mm(2048 x 2048, 2048 x 2048), same threads, same process). The same model on CPU
+    eager is measured too, as the reference.
 
     PYTHONPATH=. .venv/bin/python benchmarks/step_time.py [--steps 7 --warmup 3] [--write | --out FILE]
-    PYTHONPATH=. .venv/bin/python benchmarks/step_time.py --quick --skip-jax --skip-gloo   # smoke
+    PYTHONPATH=. .venv/bin/python benchmarks/step_time.py --quick --skip-jax --skip-gloo --rounds 1   # smoke
 """
 import argparse
 import dataclasses
@@ -199,7 +202,10 @@ def model_flops(cfg: GPTConfig, params_no_embedding: int) -> float:
     return 6 * params_no_embedding * tokens + 12 * cfg.layers * cfg.dim * cfg.seq * tokens
 
 
-def child_matmul(cfg: GPTConfig, warmup: int, steps: int, threads: int, peak_n: int) -> dict:
+def child_matmul(cfg: GPTConfig, warmup: int, steps: int, threads: int, peak_n: int,
+                 strategy: str) -> dict:
+    """The matmul-bound GPT on 8-device data parallel (strategy 'dp') or on CPU eager
+    ('eager', the reference), with the host's matmul peak measured in the same process."""
     import torch
     torch.set_num_threads(threads)
     peak = host_matmul_peak(peak_n)
@@ -210,7 +216,10 @@ def child_matmul(cfg: GPTConfig, warmup: int, steps: int, threads: int, peak_n: 
     n_no_emb = sum(p.numel() for name, p in ref.named_parameters()
                    if not name.startswith(("tok.", "pos.")))
     del ref
-    out = _spmd_train(cfg, "dp", 8, tokens, warmup)
+    if strategy == "eager":
+        out = child_eager(cfg, warmup, steps, threads, "")
+    else:
+        out = _spmd_train(cfg, "dp", 8, tokens, warmup)
     flops = model_flops(cfg, n_no_emb)
     out.update(peak_flops=peak, peak_n=peak_n, model_flops=flops, params_no_embedding=n_no_emb,
                achieved_flops=flops / out["median_s"], fraction=flops / out["median_s"] / peak,
@@ -355,12 +364,30 @@ def check_losses(row: dict, reference: list, count: int, rtol: float) -> None:
 
 
 def ratio(row: dict, ref: dict) -> str:
+    """The median over rounds of row / ref, each round's pair measured back to back."""
     if "error" in row or ref is None or "error" in ref:
         return "n/a"
-    return f"{row['median_s'] / ref['median_s']:.2f}x"
+    pairs = [a / b for a, b in zip(row["rounds"], ref["rounds"])]
+    return f"{statistics.median(pairs):.2f}x"
 
 
-def render(args, rows: list, matmul: dict, cfg: GPTConfig, big: GPTConfig) -> str:
+def merge_rounds(results: list) -> dict:
+    """One row from its rounds: the first round's record (losses, counts) with median_s the
+    median of the rounds' medians and `rounds` every round's median."""
+    if any("error" in r for r in results):
+        return next(r for r in results if "error" in r)
+    row = dict(results[0])
+    row["rounds"] = [r["median_s"] for r in results]
+    row["median_s"] = statistics.median(row["rounds"])
+    if "fraction" in row:
+        row["fraction"] = statistics.median(r["fraction"] for r in results)
+        row["achieved_flops"] = statistics.median(r["achieved_flops"] for r in results)
+        row["peak_flops"] = statistics.median(r["peak_flops"] for r in results)
+    return row
+
+
+def render(args, rows: list, matmul: dict, cfg: GPTConfig, big: GPTConfig,
+           matmul_eager: dict = None) -> str:
     by_key = {key: r for key, _, r in rows}
     eager, gloo, jax = by_key.get("eager"), by_key.get("gloo"), by_key.get("jax")
     lines = ["| config | s/step | vs eager | vs gloo DDP | vs JAX | loss vs eager |",
@@ -384,6 +411,10 @@ def render(args, rows: list, matmul: dict, cfg: GPTConfig, big: GPTConfig) -> st
                     f"**{matmul['fraction']:.3f}** of the host's fp32 matmul peak "
                     f"({matmul['peak_flops'] / 1e9:.2f} GFLOP/s, torch.mm {matmul['peak_n']}^3, "
                     f"{matmul['threads']} threads); loss vs eager {matmul.get('check', 'n/a')}.")
+            if matmul_eager is not None and "error" not in matmul_eager:
+                out += (f" CPU eager on the same model: {matmul_eager['median_s']:.3f} s/step = "
+                        f"{matmul_eager['fraction']:.3f} of peak; spmd / eager "
+                        f"{ratio(matmul, matmul_eager)}.")
     return out
 
 
@@ -398,7 +429,9 @@ def section_body(args, table: str, cfg: GPTConfig, rows: list) -> str:
     jax_text = (f", jax {jax_row['jax_version']}" if jax_row and "jax_version" in jax_row else "")
     return (f"`benchmarks/step_time.py`{' --quick' if args.quick else ''}: {_cfg_text(cfg)}, Adam; "
             f"seconds per training step (host batch to loss on the host), median of {args.steps} "
-            f"steps after {args.warmup} warm-up steps, measured side by side in one run on "
+            f"steps after {args.warmup} warm-up steps, in each of {args.rounds} rounds that run "
+            "every row in turn (s/step: the median over rounds; \"vs X\": the median of the "
+            "rounds' ratios, each pair measured minutes apart at most), side by side in one run on "
             f"{cores()} cores ({datetime.date.today().isoformat()}, torch {torch.__version__}"
             f"{jax_text}). CPU eager and spmd rows use {args.threads} intra-op threads; gloo DDP "
             f"is {GLOO_PROCS} processes x 1 thread x batch {cfg.batch // GLOO_PROCS} (rank 0's "
@@ -417,6 +450,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (>= 1)")
     parser.add_argument("--threads", type=int, default=cores(),
                         help="intra-op threads of the eager and spmd rows (default: cores)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="every row runs this many times, the rows interleaved (a slow "
+                             "phase of a shared host hits them alike); a row's s/step is the "
+                             "median of its rounds, a ratio the median of its rounds' ratios")
     parser.add_argument("--quick", action="store_true", help="tiny models: a smoke test")
     parser.add_argument("--skip-gloo", action="store_true")
     parser.add_argument("--skip-jax", action="store_true")
@@ -443,7 +480,7 @@ def main() -> None:
                                 args.threads)
         elif kind == "matmul":
             result = child_matmul(big, args.warmup, args.steps, args.threads,
-                                  QUICK_PEAK_N if args.quick else PEAK_N)
+                                  QUICK_PEAK_N if args.quick else PEAK_N, args.child[1])
         elif kind == "gloo":
             result = child_gloo(cfg, args.warmup, args.steps)
         else:
@@ -453,39 +490,57 @@ def main() -> None:
 
     threads_env = {"SPMD_NUM_THREADS": str(args.threads)}
     compared = min(2, args.warmup + args.steps)
-    rows = []
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    labels = {"eager": None}
+    runs = {}  # key -> one result per round
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "params_and_tokens.npz") if not args.skip_jax else ""
-        print("[step_time] CPU eager", file=sys.stderr)
-        eager = run_child(args, "eager", threads_env, *([npz] if npz else []))
-        if "error" in eager:
-            raise SystemExit(f"CPU eager row failed: {eager['error']}\n{eager['stderr']}")
-        rows.append(("eager", f"CPU eager (torch, {eager['threads']} threads)", eager))
-        for key, label, strategy, devices in SPMD_ROWS:
-            print(f"[step_time] {label}", file=sys.stderr)
-            r = run_child(args, "spmd", dict(threads_env, SPMD_NUM_DEVICES=str(devices)),
-                          strategy, devices)
-            check_losses(r, eager["losses"], compared, args.loss_rtol)
-            rows.append((key, label, r))
-        if not args.skip_gloo:
-            print("[step_time] gloo DDP", file=sys.stderr)
-            r = run_child(args, "gloo", {"OMP_NUM_THREADS": "1", "SPMD_NUM_THREADS": "1"})
-            check_losses(r, eager["losses"], compared, args.loss_rtol)
-            rows.append(("gloo", f"gloo DDP, {GLOO_PROCS} processes x 1 thread, batch "
-                         f"{cfg.batch // GLOO_PROCS} each", r))
-        if not args.skip_jax:
-            print("[step_time] JAX", file=sys.stderr)
-            r = run_jax(args, cfg, npz)
-            check_losses(r, eager["losses"], compared, args.loss_rtol)
-            rows.append(("jax", "JAX CPU, 8 host devices, batch sharded (NamedSharding)", r))
-    matmul = None
+        for rnd in range(args.rounds):
+            tag = f"[step_time] round {rnd + 1}/{args.rounds}:"
+            print(f"{tag} CPU eager", file=sys.stderr)
+            eager = run_child(args, "eager", threads_env, *([npz] if npz and rnd == 0 else []))
+            if "error" in eager:
+                raise SystemExit(f"CPU eager row failed: {eager['error']}\n{eager['stderr']}")
+            labels["eager"] = f"CPU eager (torch, {eager['threads']} threads)"
+            runs.setdefault("eager", []).append(eager)
+            for key, label, strategy, devices in SPMD_ROWS:
+                print(f"{tag} {label}", file=sys.stderr)
+                labels[key] = label
+                runs.setdefault(key, []).append(
+                    run_child(args, "spmd", dict(threads_env, SPMD_NUM_DEVICES=str(devices)),
+                              strategy, devices))
+            if not args.skip_gloo:
+                print(f"{tag} gloo DDP", file=sys.stderr)
+                labels["gloo"] = (f"gloo DDP, {GLOO_PROCS} processes x 1 thread, batch "
+                                  f"{cfg.batch // GLOO_PROCS} each")
+                runs.setdefault("gloo", []).append(
+                    run_child(args, "gloo", {"OMP_NUM_THREADS": "1", "SPMD_NUM_THREADS": "1"}))
+            if not args.skip_jax:
+                print(f"{tag} JAX", file=sys.stderr)
+                labels["jax"] = "JAX CPU, 8 host devices, batch sharded (NamedSharding)"
+                runs.setdefault("jax", []).append(run_jax(args, cfg, npz))
+            if not args.skip_matmul:
+                print(f"{tag} matmul-bound (spmd 8-device data parallel, CPU eager)",
+                      file=sys.stderr)
+                runs.setdefault("matmul", []).append(
+                    run_child(args, "matmul", dict(threads_env, SPMD_NUM_DEVICES="8"), "dp"))
+                runs.setdefault("matmul_eager", []).append(
+                    run_child(args, "matmul", threads_env, "eager"))
+    eager = merge_rounds(runs["eager"])
+    rows = [("eager", labels["eager"], eager)]
+    for key in [k for k in runs if k not in ("eager", "matmul", "matmul_eager")]:
+        r = merge_rounds(runs[key])
+        check_losses(r, eager["losses"], compared, args.loss_rtol)
+        rows.append((key, labels[key], r))
+    matmul = matmul_eager = None
     if not args.skip_matmul:
-        print("[step_time] matmul-bound", file=sys.stderr)
-        matmul = run_child(args, "matmul", dict(threads_env, SPMD_NUM_DEVICES="8"))
+        matmul = merge_rounds(runs["matmul"])
+        matmul_eager = merge_rounds(runs["matmul_eager"])
         if "error" not in matmul:
             check_losses(matmul, matmul["eager_losses"], 1, args.loss_rtol)
 
-    table = render(args, rows, matmul, cfg, big)
+    table = render(args, rows, matmul, cfg, big, matmul_eager)
     print(table)
     for key, label, r in rows:
         if "stderr" in r and key != "jax":

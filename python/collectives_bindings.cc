@@ -67,7 +67,7 @@ void BindCollectives(py::module_& m) {
       "_run_collective",
       [](const std::string& kind, const std::vector<at::Tensor>& inputs,
          const std::vector<int64_t>& device_ids, const std::vector<int64_t>& mesh_shape,
-         const std::vector<int64_t>& axes, const py::dict& attrs) {
+         const std::vector<int64_t>& axes, const py::dict& attrs, bool stacked) {
         const ir::OpInfo* op = ir::FindOp("spmd::" + kind);
         SPMD_CHECK_VALUE(op != nullptr && op->internal, "unknown spmd op ", kind);
         const int64_t n = runtime::DeviceSet::Get().num_devices();
@@ -78,16 +78,18 @@ void BindCollectives(py::module_& m) {
         runtime::PerDevice buffers;
         for (int64_t d = 0; d < n; ++d)
           buffers.push_back(runtime::MakeBuffer(d, inputs[d], "collective test input"));
-        runtime::PerDevice out = runtime::RunSpmdOp(*op, std::move(args), mesh, buffers);
+        runtime::PerDevice out = runtime::RunSpmdOp(*op, std::move(args), mesh, buffers, stacked);
         std::vector<at::Tensor> result;
         for (const runtime::BufferPtr& b : out) result.push_back(b->tensor);
         return result;
       },
       py::arg("kind"), py::arg("inputs"), py::arg("device_ids"), py::arg("mesh_shape"),
-      py::arg("axes"), py::arg("attrs") = py::dict(),
+      py::arg("axes"), py::arg("attrs") = py::dict(), py::arg("stacked") = false,
       "Runs spmd::<kind> (e.g. 'all_gather') on one input per device over the mesh; attrs are "
       "the op's other attributes by name (op: 'sum'|'max'|'min'; pairs: [(src, dst), ...]). "
-      "Returns one tensor per device; devices holding identical results share one tensor.");
+      "Returns one tensor per device; devices holding identical results share one tensor. "
+      "stacked=True runs the device-batched kernel (all devices' shards as one tensor) the "
+      "executor uses.");
 }
 
 }  // namespace spmd

@@ -214,7 +214,7 @@ void RegisterCollectiveKernels() {
 }
 
 PerDevice RunSpmdOp(const ir::OpInfo& op, std::vector<ir::Arg> args, MeshPtr mesh,
-                    const PerDevice& inputs) {
+                    const PerDevice& inputs, bool stacked) {
   const InternalKernel* kernel = FindInternalKernel(op.qualified);
   SPMD_CHECK_VALUE(kernel != nullptr, "no runtime kernel for ", op.qualified);
   SPMD_CHECK_VALUE(!inputs.empty() && inputs[0], op.qualified, " needs device 0's input");
@@ -226,7 +226,21 @@ PerDevice RunSpmdOp(const ir::OpInfo& op, std::vector<ir::Arg> args, MeshPtr mes
   ir::NodePtr node = ir::MakeNode(&op, {ir::Value{ir::MakeDataNode(data), 0}}, std::move(args),
                                   {TensorType{in_type.dtype, out_shape}});
   node->set_shardings({Sharding::Replicated(mesh, static_cast<int64_t>(out_shape.size()))});
-  return (*kernel)(*node, {&data->shards()}).at(0);
+  if (!stacked) return (*kernel)(*node, {&data->shards()}).at(0);
+  const StackedKernel* stacked_kernel = FindStackedKernel(op.qualified);
+  SPMD_CHECK_VALUE(stacked_kernel != nullptr, "no stacked kernel for ", op.qualified);
+  for (const BufferPtr& b : inputs) {
+    SPMD_CHECK_VALUE(b, op.qualified, ": every device needs an input");
+    SPMD_CHECK_VALUE(b->tensor.sizes() == inputs[0]->tensor.sizes() &&
+                         b->tensor.scalar_type() == inputs[0]->tensor.scalar_type(),
+                     op.qualified, ": every device's input must have one shape and dtype, got ",
+                     inputs[0]->tensor.sizes(), " and ", b->tensor.sizes());
+  }
+  Stacked out = (*stacked_kernel)(*node, {&data->stacked()}).at(0);
+  SPMD_CHECK(out.rows.sizes().slice(1).vec() == node->output(0).shape, "internal error: ",
+             op.qualified, " produced rows ", out.rows.sizes(), " where the program expects ",
+             node->output(0).ToString());
+  return BuffersOf(out, InternLabel(op.qualified + " -> " + node->output(0).ToString()));
 }
 
 }  // namespace spmd::runtime

@@ -23,26 +23,25 @@ std::shared_ptr<Collectives>& ReplicasSlot() {
   return *slot;
 }
 
-int64_t Bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+}  // namespace
 
-void Record(CollectiveKind kind, const at::Tensor& sample) {
+void RecordCollective(CollectiveKind kind, const at::Tensor& shard) {
   const std::string name = CollectiveMetricName(kind);
   Count(name);
-  Metrics::Get().Record(name + "Bytes", static_cast<double>(Bytes(sample)));
+  Metrics::Get().Record(name + "Bytes",
+                        static_cast<double>(shard.numel() * static_cast<int64_t>(shard.element_size())));
 }
 
-void CheckDim(const char* op, const char* what, int64_t dim, const at::Tensor& t) {
-  SPMD_CHECK_VALUE(dim >= 0 && dim < t.dim(), op, ": ", what, " ", dim,
-                   " is out of range for a tensor of rank ", t.dim());
+void CheckCollectiveDim(const char* op, const char* what, int64_t dim, const at::Tensor& shard) {
+  SPMD_CHECK_VALUE(dim >= 0 && dim < shard.dim(), op, ": ", what, " ", dim,
+                   " is out of range for a tensor of rank ", shard.dim());
 }
 
-void CheckExtent(const char* op, const char* what, const at::Tensor& t, int64_t dim,
-                 int64_t want) {
-  SPMD_CHECK_VALUE(t.size(dim) == want, op, ": each device's input must have extent ", want,
-                   " on ", what, " ", dim, ", got shape ", t.sizes());
+void CheckCollectiveExtent(const char* op, const char* what, const at::Tensor& shard, int64_t dim,
+                           int64_t want) {
+  SPMD_CHECK_VALUE(shard.size(dim) == want, op, ": each device's input must have extent ", want,
+                   " on ", what, " ", dim, ", got shape ", shard.sizes());
 }
-
-}  // namespace
 
 const char* CollectiveMetricName(CollectiveKind kind) {
   switch (kind) {
@@ -109,25 +108,25 @@ const at::Tensor& Collectives::CheckInputs(const char* op, const DeviceTensors& 
 DeviceTensors Collectives::AllGather(const DeviceTensors& in, const MeshGroups& groups,
                                      int64_t dim, int64_t size) {
   const at::Tensor& x = CheckInputs("all_gather", in, groups);
-  CheckDim("all_gather", "dim", dim, x);
-  CheckExtent("all_gather", "dim", x, dim, DimTiling(size, groups.group_size()).tile_size);
-  Record(CollectiveKind::kAllGather, x);
+  CheckCollectiveDim("all_gather", "dim", dim, x);
+  CheckCollectiveExtent("all_gather", "dim", x, dim, DimTiling(size, groups.group_size()).tile_size);
+  RecordCollective(CollectiveKind::kAllGather, x);
   return DoAllGather(in, groups, dim, size);
 }
 
 DeviceTensors Collectives::AllReduce(const DeviceTensors& in, const MeshGroups& groups,
                                      ReduceOp op) {
   const at::Tensor& x = CheckInputs("all_reduce", in, groups);
-  Record(CollectiveKind::kAllReduce, x);
+  RecordCollective(CollectiveKind::kAllReduce, x);
   return DoAllReduce(in, groups, op);
 }
 
 DeviceTensors Collectives::ReduceScatter(const DeviceTensors& in, const MeshGroups& groups,
                                          int64_t dim, ReduceOp op, int64_t size) {
   const at::Tensor& x = CheckInputs("reduce_scatter", in, groups);
-  CheckDim("reduce_scatter", "dim", dim, x);
-  CheckExtent("reduce_scatter", "dim", x, dim, size);
-  Record(CollectiveKind::kReduceScatter, x);
+  CheckCollectiveDim("reduce_scatter", "dim", dim, x);
+  CheckCollectiveExtent("reduce_scatter", "dim", x, dim, size);
+  RecordCollective(CollectiveKind::kReduceScatter, x);
   return DoReduceScatter(in, groups, dim, op, size);
 }
 
@@ -135,13 +134,13 @@ DeviceTensors Collectives::AllToAll(const DeviceTensors& in, const MeshGroups& g
                                     int64_t split_dim, int64_t concat_dim, int64_t split_size,
                                     int64_t concat_size) {
   const at::Tensor& x = CheckInputs("all_to_all", in, groups);
-  CheckDim("all_to_all", "split_dim", split_dim, x);
-  CheckDim("all_to_all", "concat_dim", concat_dim, x);
+  CheckCollectiveDim("all_to_all", "split_dim", split_dim, x);
+  CheckCollectiveDim("all_to_all", "concat_dim", concat_dim, x);
   SPMD_CHECK_VALUE(split_dim != concat_dim, "all_to_all: split_dim and concat_dim must differ");
-  CheckExtent("all_to_all", "split_dim", x, split_dim, split_size);
-  CheckExtent("all_to_all", "concat_dim", x, concat_dim,
+  CheckCollectiveExtent("all_to_all", "split_dim", x, split_dim, split_size);
+  CheckCollectiveExtent("all_to_all", "concat_dim", x, concat_dim,
               DimTiling(concat_size, groups.group_size()).tile_size);
-  Record(CollectiveKind::kAllToAll, x);
+  RecordCollective(CollectiveKind::kAllToAll, x);
   return DoAllToAll(in, groups, split_dim, concat_dim, split_size, concat_size);
 }
 
@@ -158,7 +157,7 @@ DeviceTensors Collectives::CollectivePermute(const DeviceTensors& in, const Mesh
                      " receives from more than one source");
     receives[dst] = true;
   }
-  Record(CollectiveKind::kPermute, x);
+  RecordCollective(CollectiveKind::kPermute, x);
   return DoCollectivePermute(in, groups, pairs);
 }
 

@@ -45,6 +45,14 @@ using PermutePairs = std::vector<std::pair<int64_t, int64_t>>;  // (source, dest
 enum class CollectiveKind { kAllGather, kAllReduce, kReduceScatter, kAllToAll, kPermute };
 const char* CollectiveMetricName(CollectiveKind kind);  // "CollectiveAllGather", ...
 
+// Shared by every implementation (also the device-batched kernels of stacked_kernels.cc):
+// records one execution of `kind` whose per-device input is `shard` (see Metrics above), and
+// the argument checks with their messages.
+void RecordCollective(CollectiveKind kind, const at::Tensor& shard);
+void CheckCollectiveDim(const char* op, const char* what, int64_t dim, const at::Tensor& shard);
+void CheckCollectiveExtent(const char* op, const char* what, const at::Tensor& shard, int64_t dim,
+                           int64_t want);
+
 class Collectives {
  public:
   virtual ~Collectives() = default;

@@ -29,27 +29,6 @@ BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* label
   return buf;
 }
 
-void MakeSharedBuffers(const std::vector<size_t>& devices, const at::Tensor& tensor,
-                       const std::string* label, std::vector<BufferPtr>& out) {
-  struct Block {
-    std::vector<DeviceBuffer> buffers;
-    ~Block() {  // one lock for all the devices' releases
-      std::vector<Allocation*> allocs;
-      for (DeviceBuffer& b : buffers) allocs.push_back(&b.alloc);
-      DeviceSet::ReleaseAll(allocs);
-    }
-  };
-  int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
-  std::vector<Allocation> allocs = DeviceSet::Get().AllocateOnEach(devices, bytes, label);
-  auto block = std::make_shared<Block>();
-  block->buffers.resize(devices.size());
-  for (size_t i = 0; i < devices.size(); ++i) {
-    block->buffers[i].tensor = tensor;
-    block->buffers[i].alloc = std::move(allocs[i]);
-    out[devices[i]] = BufferPtr(block, &block->buffers[i]);  // aliases the block's lifetime
-  }
-}
-
 std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label) {
   int64_t n = DeviceSet::Get().num_devices();
   std::vector<BufferPtr> out;
@@ -58,8 +37,20 @@ std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std
   return out;
 }
 
-DeviceData::DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards)
-    : type_(std::move(type)), sharding_(std::move(sharding)), shards_(std::move(shards)) {}
+DeviceData::DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards,
+                       Stacked stacked)
+    : type_(std::move(type)),
+      sharding_(std::move(sharding)),
+      shards_(std::move(shards)),
+      stacked_(std::move(stacked)) {}
+
+const Stacked& DeviceData::stacked() const {
+  if (planned_) throw PlannedDataError("read its shards");
+  std::call_once(stack_once_, [this] {
+    if (!stacked_.defined()) stacked_ = StackOf(shards_);
+  });
+  return stacked_;
+}
 
 std::shared_ptr<DeviceData> DeviceData::Planned(TensorType type, Sharding sharding) {
   auto data = std::make_shared<DeviceData>(std::move(type), std::move(sharding),
@@ -78,9 +69,9 @@ int64_t DeviceData::BytesPerDevice() const {
   return TensorType{type_.dtype, sharding_.ShardShape(type_.shape)}.bytes();
 }
 
-at::Tensor ExtractShard(const at::Tensor& global, const Sharding& sharding, int64_t device) {
+void ExtractShardInto(const at::Tensor& global, const Sharding& sharding, int64_t device,
+                      at::Tensor out) {
   Shape global_shape(global.sizes().begin(), global.sizes().end());
-  Shape shard_shape = sharding.ShardShape(global_shape);
   at::Tensor piece = global;
   bool padded = false;
   for (int64_t d = 0; d < sharding.rank(); ++d) {
@@ -88,14 +79,13 @@ at::Tensor ExtractShard(const at::Tensor& global, const Sharding& sharding, int6
     int64_t off = sharding.ShardOffset(global_shape, d, device);
     int64_t len = sharding.ShardLength(global_shape, d, device);
     piece = piece.narrow(d, off, len);
-    padded |= len != shard_shape[d];
+    padded |= len != out.size(d);
   }
-  if (!padded) return piece.contiguous();
-  at::Tensor out = at::zeros(shard_shape, global.options());
-  at::Tensor dst = out;
-  for (int64_t d = 0; d < sharding.rank(); ++d) dst = dst.narrow(d, 0, piece.size(d));
-  dst.copy_(piece);
-  return out;
+  if (padded) {
+    out.zero_();
+    for (int64_t d = 0; d < sharding.rank(); ++d) out = out.narrow(d, 0, piece.size(d));
+  }
+  out.copy_(piece);
 }
 
 std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
@@ -114,23 +104,24 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
   }
   SPMD_CHECK(sharding.mesh().size() == n, "sharding mesh has ", sharding.mesh().size(),
              " devices but the device set has ", n);
-  // Replicas of a tile share one host tensor: key each device by its tile coordinates.
-  std::map<std::vector<int64_t>, at::Tensor> tiles;
-  std::vector<BufferPtr> shards;
-  shards.reserve(n);
+  // Replicas of a tile share one row of the stack: key each device by its tile coordinates.
+  std::vector<int64_t> keys;
+  keys.reserve(n * (sharding.rank() + 1));
   for (int64_t dev = 0; dev < n; ++dev) {
-    std::vector<int64_t> tile;
-    for (int64_t d = 0; d < sharding.rank(); ++d) tile.push_back(sharding.TileIndex(d, dev));
-    auto it = tiles.find(tile);
-    if (it == tiles.end()) {
-      at::Tensor shard = ExtractShard(global, sharding, dev);
-      // Never alias the caller's tensor: a narrow of its storage would see later writes.
-      if (shard.is_alias_of(host)) shard = shard.clone();
-      it = tiles.emplace(tile, shard).first;
-    }
-    shards.push_back(MakeBuffer(dev, it->second, label + " shard"));
+    keys.push_back(0);  // a key of width >= 1 also for rank 0
+    for (int64_t d = 0; d < sharding.rank(); ++d) keys.push_back(sharding.TileIndex(d, dev));
   }
-  return std::make_shared<DeviceData>(type, sharding, std::move(shards));
+  std::vector<int64_t> first_device;
+  RowMapPtr map = MapOfKeys(keys, sharding.rank() + 1, &first_device);
+  Shape shard_shape = sharding.ShardShape(type.shape);
+  Shape rows_shape{map->rows};
+  rows_shape.insert(rows_shape.end(), shard_shape.begin(), shard_shape.end());
+  // A fresh tensor: never an alias of the caller's, whose later writes must not show here.
+  at::Tensor rows = at::empty(rows_shape, global.options());
+  for (int64_t r = 0; r < map->rows; ++r) ExtractShardInto(global, sharding, first_device[r], rows[r]);
+  Stacked stacked{rows, std::move(map)};
+  PerDevice shards = BuffersOf(stacked, InternLabel(label + " shard"));
+  return std::make_shared<DeviceData>(type, sharding, std::move(shards), std::move(stacked));
 }
 
 at::Tensor DeviceData::ToHost() const {

@@ -5,10 +5,12 @@
 #include <ATen/Tensor.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "ir/node.h"
 #include "runtime/device_set.h"
+#include "runtime/stacked.h"
 
 namespace spmd::runtime {
 
@@ -17,26 +19,27 @@ struct DeviceBuffer {
   Allocation alloc;
 };
 using BufferPtr = std::shared_ptr<DeviceBuffer>;
+using PerDevice = std::vector<BufferPtr>;  // one buffer per device
 
 // Wraps `tensor` as device `device`'s buffer, charging its bytes to that device.
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string& label);
 BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* interned_label);
-// Buffers for `devices`, all holding `tensor` (one allocation block, one lock): out[d] is set
-// for each listed device d. They are released together.
-void MakeSharedBuffers(const std::vector<size_t>& devices, const at::Tensor& tensor,
-                       const std::string* interned_label, std::vector<BufferPtr>& out);
 // One buffer per device, all sharing `tensor` (a replicated value).
 std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label);
 
 class DeviceData final : public ir::DataHandle {
  public:
-  // `sharding` invalid means replicated on every device.
-  DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards);
+  // `sharding` invalid means replicated on every device. `stacked` (optional) holds the same
+  // shards stacked (stacked.h), as the executor produced them.
+  DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards,
+             Stacked stacked = {});
 
   const TensorType& type() const override { return type_; }
   const Sharding& sharding() const override { return sharding_; }
   const std::vector<BufferPtr>& shards() const { return shards_; }
   const at::Tensor& shard(int64_t device) const;
+  // The shards stacked: as produced, or stacked now (once) from the shards.
+  const Stacked& stacked() const;
   // Shape, dtype and layout without buffers (plan mode, runtime/plan_mode.h): reading its
   // values throws PlannedDataError; relaying it out gives planned data again.
   static std::shared_ptr<DeviceData> Planned(TensorType type, Sharding sharding);
@@ -57,6 +60,8 @@ class DeviceData final : public ir::DataHandle {
   TensorType type_;
   Sharding sharding_;
   std::vector<BufferPtr> shards_;
+  mutable Stacked stacked_;
+  mutable std::once_flag stack_once_;
   bool planned_ = false;
 };
 using DeviceDataPtr = std::shared_ptr<DeviceData>;
@@ -66,7 +71,9 @@ c10::ScalarType ToScalarType(DType dtype);
 DType FromScalarType(c10::ScalarType type);
 TensorType TypeOf(const at::Tensor& t);
 
-// The sub-tensor of `global` held by `device` under `sharding`, zero-padded to the shard shape.
-at::Tensor ExtractShard(const at::Tensor& global, const Sharding& sharding, int64_t device);
+// Writes the sub-tensor of `global` held by `device` under `sharding` into `out` (of the shard
+// shape), zero-padded.
+void ExtractShardInto(const at::Tensor& global, const Sharding& sharding, int64_t device,
+                      at::Tensor out);
 
 }  // namespace spmd::runtime

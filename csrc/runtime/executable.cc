@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
+#include "partition/rules/rule.h"
 #include "runtime/internal_kernels.h"
 
 namespace spmd::runtime {
@@ -41,6 +42,53 @@ const c10::OperatorHandle& KernelFor(const ir::OpInfo* op) {
   void* expected = nullptr;
   if (!op->backend.compare_exchange_strong(expected, owned)) delete owned;
   return *static_cast<const c10::OperatorHandle*>(op->backend.load());
+}
+
+// The view op `x` of a functionalized view `x_copy` with the same arguments, or null.
+const c10::OperatorHandle* ViewKernelFor(const ir::OpInfo* op) {
+  const std::string suffix = "_copy";
+  const std::string& name = op->name;
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix))
+    return nullptr;
+  static std::mutex mu;
+  static auto* cache = new std::unordered_map<const ir::OpInfo*, const c10::OperatorHandle*>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, added] = cache->emplace(op, nullptr);
+  if (!added) return it->second;
+  auto handle = c10::Dispatcher::singleton().findSchema(
+      {name.substr(0, name.size() - suffix.size()), op->overload});
+  if (handle && handle->schema().arguments().size() == op->args.size() &&
+      handle->schema().returns().size() == KernelFor(op).schema().returns().size())
+    it->second = new c10::OperatorHandle(*handle);  // lives as long as the op registry
+  return it->second;
+}
+
+// Whether `node`'s rule makes it elementwise, and the local rank each input must have to run
+// stacked as it is: that of the result it broadcasts into (element i of a list argument into
+// result i; a lone tensor beside lists must not vary over devices: -1).
+void ElementwiseRanks(const ir::Node& node, bool* elementwise, std::vector<int>* rank) {
+  std::optional<partition::ShardingRule> rule = partition::GetRule(node);
+  *elementwise = rule && rule->elementwise;
+  for (const ir::Arg& a : node.args())  // channels-last has no meaning for a stacked tensor
+    if (a.kind == ir::Arg::Kind::kMemoryFormat &&
+        a.i >= static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))
+      *elementwise = false;
+  if (!*elementwise) return;
+  bool lists = false;
+  for (const ir::Arg& a : node.args()) lists |= a.kind == ir::Arg::Kind::kTensorList;
+  rank->assign(node.inputs().size(), lists ? -1 : static_cast<int>(node.output(0).rank()));
+  for (const ir::Arg& a : node.args()) {
+    if (a.kind != ir::Arg::Kind::kTensorList) continue;
+    for (size_t i = 0; i < a.ints.size(); ++i)
+      if (static_cast<int>(i) < node.num_outputs())
+        (*rank)[a.ints[i]] = static_cast<int>(node.output(i).rank());
+  }
+}
+
+bool HasBatchRule(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::FuncTorchBatched) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::FuncTorchBatchedDecomposition) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
 }
 
 c10::Scalar ToScalar(const ir::Arg& a) {
@@ -97,18 +145,11 @@ c10::IValue ConstantIValue(const ir::Arg& a) {
 // tiles get well-separated seeds.
 uint64_t TileSeedOffset(int64_t tile) { return static_cast<uint64_t>(tile) * 0x9E3779B97F4A7C15ULL; }
 
-bool SameAcrossDevices(const std::vector<const PerDevice*>& inputs, size_t num_devices) {
-  for (const PerDevice* in : inputs)
-    for (size_t d = 1; d < num_devices; ++d)
-      if ((*in)[d]->tensor.unsafeGetTensorImpl() != (*in)[0]->tensor.unsafeGetTensorImpl())
-        return false;
-  return true;
-}
-
-
 }  // namespace
 
 Executable::Executable(partition::Program program) : program_(std::move(program)) { Lower(); }
+
+Executable::~Executable() = default;
 
 void Executable::Lower() {
   std::unordered_map<const ir::Node*, int> first_slot;  // node -> slot of its output 0
@@ -128,8 +169,17 @@ void Executable::Lower() {
     ins.node_index = static_cast<int>(&n - program_.nodes.data());
     for (const ir::Value& v : n->inputs()) ins.inputs.push_back(slot_of(v));
     for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(first_slot.at(n.get()) + o);
-    if (!n->op()->internal) {
-      KernelFor(n->op());  // resolve the kernel now, so a missing op fails at compile time
+    ins.mutable_input.assign(n->inputs().size(), false);
+    if (n->op()->internal) {
+      ins.internal_kernel = FindInternalKernel(n->op()->qualified);
+      ins.stacked_kernel = FindStackedKernel(n->op()->qualified);
+      SPMD_CHECK(ins.internal_kernel || ins.stacked_kernel, "no runtime kernel for ",
+                 n->op()->qualified);
+    } else {
+      // Resolve the kernel now, so a missing op fails at compile time.
+      ins.view_kernel = ViewKernelFor(n->op());
+      ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
+      ElementwiseRanks(*n, &ins.elementwise, &ins.element_rank);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
@@ -141,12 +191,12 @@ void Executable::Lower() {
           SPMD_CHECK(arg.slot >= 0, "internal error: run-time seed without a slot in ",
                      n->op()->qualified);
           ins.default_generator_seed = arg.slot;
+          ins.random = true;
           continue;
         }
         if (arg.kind == K::kTensor) {
           ins.tensor_args.emplace_back(pos, static_cast<int>(arg.i));
-          if (a < schema_args.size() && schema_args[a].is_write)
-            ins.mutable_inputs.push_back(static_cast<int>(arg.i));
+          if (a < schema_args.size() && schema_args[a].is_write) ins.mutable_input[arg.i] = true;
         } else if (arg.kind == K::kTensorList || arg.kind == K::kOptTensorList) {
           ins.list_args.push_back({pos, arg.ints, arg.kind == K::kOptTensorList});
         } else if (arg.dynamic) {
@@ -154,6 +204,7 @@ void Executable::Lower() {
                      n->op()->qualified);
           bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
           ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator});
+          ins.random |= generator;
         }
         ins.stack.push_back(ConstantIValue(arg));
       }
@@ -162,6 +213,9 @@ void Executable::Lower() {
       ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
     instructions_.push_back(std::move(ins));
   }
+
+  unbatchable_.reset(new std::atomic<bool>[instructions_.size()]);
+  for (size_t i = 0; i < instructions_.size(); ++i) unbatchable_[i] = false;
 
   // Liveness: free each slot right after its last reader, unless it is a program output.
   std::vector<int> last_use(num_slots_, -1);
@@ -180,210 +234,385 @@ void Executable::Lower() {
   std::vector<bool> strided_ok(num_slots_, true);
   for (int s : output_slots_) strided_ok[s] = false;
   for (auto& ins : instructions_) {
-    bool internal = ins.node->op()->internal;
+    // Stacked kernels read any strides (a transposed gradient all-reduced as it is).
+    bool internal = ins.node->op()->internal && !ins.stacked_kernel;
     ins.contiguous_inputs = IsStrideSensitive(ins.node->op());
     if (internal || ins.contiguous_inputs)
       for (int s : ins.inputs) strided_ok[s] = false;
   }
   for (auto& ins : instructions_) {
-    if (ins.node->op()->internal || !ins.mutable_inputs.empty()) continue;
+    bool writes = std::find(ins.mutable_input.begin(), ins.mutable_input.end(), true) !=
+                  ins.mutable_input.end();
+    if (ins.node->op()->internal || writes) continue;
     ins.alias = ViewAliasOf(*ins.node);
     if (ins.alias == ViewAlias::kPermute && !strided_ok[ins.outputs[0]])
       ins.alias = ViewAlias::kNone;
+    // A view (a reshape or transpose: all of its input's bytes) that dies before its input,
+    // and stays inside the program, holds nothing of its own: it is the input's memory seen
+    // differently, as XLA's bitcasts and transposes folded into their consumer are.
+    const int base = ins.inputs.empty() ? -1 : ins.inputs[0], view = ins.outputs[0];
+    ins.share_input = ins.alias != ViewAlias::kNone && last_use[view] >= 0 &&
+                      (last_use[base] == -2 || last_use[view] <= last_use[base]);
   }
 }
 
-bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
-  int in = ins.inputs[0];
-  if (std::find(ins.free_after.begin(), ins.free_after.end(), in) == ins.free_after.end())
-    return false;  // read again later: keep it, copy
-  SlotValue& input = slots[in];
-  for (const BufferPtr& b : input) {
-    if (!b) return false;
-    // Nobody outside this slot may hold the buffer (a live tensor, another slot). Devices of a
-    // replicated value share one allocation block, so count this slot's own references to it.
-    long own = 0;
-    for (const BufferPtr& other : input) own += !b.owner_before(other) && !other.owner_before(b);
-    if (b.use_count() != own) return false;
-    if (ins.alias == ViewAlias::kReinterpret && !b->tensor.is_contiguous()) return false;
+const Stacked& Executable::StackIn(SlotValue& value) {
+  if (!value.stack.defined()) value.stack = StackOf(value.buffers);
+  return value.stack;
+}
+
+Executable::Aligned Executable::Align(const std::vector<const Stacked*>& inputs,
+                                      const std::vector<int64_t>* tiles) const {
+  const int64_t n = DeviceSet::Get().num_devices();
+  Aligned a;
+  a.rows.resize(inputs.size());
+  a.batched.assign(inputs.size(), false);
+  // Common case: every input that differs between devices has the same rows.
+  RowMapPtr common;
+  bool same = tiles == nullptr;
+  for (const Stacked* in : inputs) {
+    if (in->replicated()) continue;
+    if (!common) common = in->map;
+    else if (!SameMap(common, in->map)) same = false;
   }
-  SlotValue result(input.size());
-  std::map<const void*, at::Tensor> views;  // devices sharing a host tensor share its view
-  for (size_t d = 0; d < input.size(); ++d) {
-    const at::Tensor& t = input[d]->tensor;
-    auto it = views.find(t.unsafeGetTensorImpl());
-    if (it == views.end())
-      it = views.emplace(t.unsafeGetTensorImpl(), AliasedView(*ins.node, ins.alias, t)).first;
-    auto buf = std::make_shared<DeviceBuffer>();
-    buf->tensor = it->second;
-    buf->alloc = std::move(input[d]->alloc);  // the bytes move with the data: counted once
-    result[d] = std::move(buf);
+  if (same) {
+    a.map = common ? common : ReplicatedMap(n);
+  } else {
+    // Regroup: one row per distinct combination of the inputs' rows (and tiles).
+    std::vector<int64_t> keys;
+    int64_t width = tiles ? 1 : 0;
+    for (const Stacked* in : inputs) width += !in->replicated();
+    keys.reserve(n * width);
+    for (int64_t d = 0; d < n; ++d) {
+      if (tiles) keys.push_back((*tiles)[d]);
+      for (const Stacked* in : inputs)
+        if (!in->replicated()) keys.push_back(in->map->row_of[d]);
+    }
+    a.map = MapOfKeys(keys, width, &a.first_device);
   }
-  slots[ins.outputs[0]] = std::move(result);
-  Count("AliasedViews");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Stacked& in = *inputs[i];
+    a.batched[i] = a.map->rows > 1 && !in.replicated();
+    if (!a.batched[i]) a.rows[i] = in.Row(0);
+    else a.rows[i] = same ? in.rows : RowsFor(in, *a.map, a.first_device);
+  }
+  return a;
+}
+
+std::vector<at::Tensor> Executable::CallKernel(const Instruction& ins, std::vector<at::Tensor> args,
+                                               const std::vector<ir::ScalarValue>& scalars,
+                                               int64_t tile, bool as_view) const {
+  const ir::Node& node = *ins.node;
+  std::vector<c10::IValue> stack = ins.stack;
+  std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
+  for (const auto& [pos, input] : ins.tensor_args) {
+    at::Tensor& t = args[input];
+    if (ins.mutable_input[input]) {
+      t = t.clone();  // values are immutable: never write a live buffer
+      written.push_back(t);
+    }
+    stack[pos] = c10::IValue(t);
+  }
+  for (const auto& la : ins.list_args) {
+    if (la.optional) {
+      c10::List<c10::optional<at::Tensor>> list;
+      for (int64_t i : la.inputs) list.push_back(i < 0 ? c10::optional<at::Tensor>() : args[i]);
+      stack[la.position] = c10::IValue(list);
+    } else {
+      c10::List<at::Tensor> list;
+      for (int64_t i : la.inputs) list.push_back(args[i]);
+      stack[la.position] = c10::IValue(list);
+    }
+  }
+  for (const auto& sa : ins.scalar_args) {
+    if (sa.generator) {
+      // The seed the recorder drew for this random op: same values on every run.
+      stack[sa.position] = c10::IValue(at::make_generator<at::CPUGeneratorImpl>(
+          static_cast<uint64_t>(scalars.at(sa.scalar_index).i) + TileSeedOffset(tile)));
+      continue;
+    }
+    c10::Scalar s = ToScalar(scalars.at(sa.scalar_index));
+    stack[sa.position] = sa.wrapped ? c10::IValue(WrappedNumber(s)) : c10::IValue(s);
+  }
+  const c10::OperatorHandle& kernel = as_view ? *ins.view_kernel : KernelFor(node.op());
+  if (ins.default_generator_seed >= 0) {
+    // Reseed the default CPU generator with the recorded seed for this kernel only, so the
+    // node draws the same values on every run, and restore it: replay must not perturb the
+    // host's random stream.
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor saved;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      saved = gen.get_state();
+      gen.set_current_seed(static_cast<uint64_t>(scalars.at(ins.default_generator_seed).i) +
+                           TileSeedOffset(tile));
+    }
+    auto restore = [&] {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(saved);
+    };
+    try {
+      kernel.callBoxed(&stack);
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+  } else {
+    kernel.callBoxed(&stack);
+  }
+  // Flatten the returns (a Tensor[] return contributes all its elements).
+  std::vector<at::Tensor> outs;
+  for (c10::IValue& r : stack) {
+    if (r.isTensor()) outs.push_back(r.toTensor());
+    else if (r.isNone()) outs.emplace_back();  // an optional return left empty
+    else if (r.isTensorList())
+      for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
+  }
+  // Written inputs that no return carries (native_batch_norm's running stats) are extra
+  // outputs, in argument order (the recorder gave the node one output per such argument).
+  for (const at::Tensor& w : written) {
+    bool returned = false;
+    for (const at::Tensor& o : outs) returned |= o.defined() && o.is_same(w);
+    if (!returned) outs.push_back(w);
+  }
+  SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " returned ", outs.size(),
+             " tensors but ", ins.outputs.size(), " were expected");
+  for (size_t o = 0; o < outs.size(); ++o) {
+    if (node.output(o).dtype != DType::kUndefined) continue;
+    // An output the recorder knew would be undefined (convolution_backward and
+    // native_layer_norm_backward with an output_mask entry false): nothing to keep.
+    SPMD_CHECK(!outs[o].defined() || outs[o].numel() == 0, "internal error: ",
+               node.op()->qualified, " produced output ", o, " where the program expects none");
+    outs[o] = at::Tensor();
+  }
+  return outs;
+}
+
+bool Executable::CanRunElementwise(const Instruction& ins, const Aligned& a) const {
+  if (!ins.elementwise) return false;
+  bool zero_dim = false;
+  for (size_t i = 0; i < a.rows.size(); ++i) {
+    if (!a.batched[i]) continue;
+    if (ins.element_rank[i] < 0 || a.rows[i].dim() - 1 != ins.element_rank[i]) return false;
+    zero_dim |= ins.element_rank[i] == 0;
+  }
+  // Stacked, a 0-dim operand has a dim: type promotion would treat it as a tensor, not a
+  // scalar, against an unstacked 0-dim one. Fine when all have one dtype.
+  if (zero_dim)
+    for (const at::Tensor& t : a.rows)
+      if (t.scalar_type() != a.rows[0].scalar_type()) return false;
   return true;
 }
 
-void Executable::RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
-                           const std::vector<ir::ScalarValue>& scalars,
-                           std::vector<float>& seconds) const {
+std::vector<at::Tensor> Executable::BatchedArgs(const Instruction& ins, const Aligned& a,
+                                                const VmapLevel* level) const {
+  const int64_t rows = a.map->rows;
+  std::vector<at::Tensor> args(a.rows.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    at::Tensor t = a.rows[i];
+    if (ins.contiguous_inputs) t = t.contiguous();  // it reads strides (view_aliasing.h)
+    if (!a.batched[i] && ins.mutable_input[i]) {
+      // Written per row: each row writes its own copy (CallKernel clones it).
+      std::vector<int64_t> shape{rows};
+      shape.insert(shape.end(), t.sizes().begin(), t.sizes().end());
+      t = t.unsqueeze(0).expand(shape);
+    } else if (!a.batched[i]) {
+      args[i] = t;  // the same for every row: broadcast
+      continue;
+    }
+    args[i] = level ? level->Batched(t) : t;
+  }
+  return args;
+}
+
+std::vector<Stacked> Executable::RunElementwise(const Instruction& ins, const Aligned& a,
+                                                const std::vector<ir::ScalarValue>& scalars) const {
+  const int64_t rows = a.map->rows, n = a.map->num_devices();
+  std::vector<at::Tensor> outs = CallKernel(ins, BatchedArgs(ins, a, nullptr), scalars, 0);
+  std::vector<Stacked> results(outs.size());
+  for (size_t o = 0; o < outs.size(); ++o) {
+    if (!outs[o].defined()) continue;
+    const int64_t rank = ins.node->output(o).rank();
+    if (outs[o].dim() == rank + 1 && outs[o].size(0) == rows) results[o] = Stacked{outs[o], a.map};
+    else if (outs[o].dim() == rank) results[o] = StackReplicated(outs[o], n);
+    else SPMD_FAIL("internal error: ", ins.node->op()->qualified, " on stacked rows gave shape ",
+                   outs[o].sizes());
+  }
+  return results;
+}
+
+std::vector<Stacked> Executable::RunVmapped(const Instruction& ins, const Aligned& a,
+                                            const std::vector<ir::ScalarValue>& scalars) const {
+  const int64_t rows = a.map->rows, n = a.map->num_devices();
+  VmapLevel level(rows);
+  std::vector<at::Tensor> args = BatchedArgs(ins, a, &level);
+  const bool as_view = ins.view_kernel != nullptr;
+  std::vector<at::Tensor> outs = CallKernel(ins, std::move(args), scalars, 0, as_view);
+  level.Pop();
+  std::vector<Stacked> results(outs.size());
+  for (size_t o = 0; o < outs.size(); ++o) {
+    if (!outs[o].defined()) continue;
+    at::Tensor per_row = level.Rows(outs[o]);
+    if (!per_row.defined()) per_row = outs[o].unsqueeze(0);  // the same for every row
+    // A view's result is the input's memory: copy it, as the `_copy` op would.
+    if (as_view) per_row = per_row.clone(at::MemoryFormat::Contiguous);
+    results[o] = per_row.size(0) == rows ? Stacked{per_row, a.map}
+                                         : Stacked{per_row, ReplicatedMap(n)};
+  }
+  return results;
+}
+
+std::vector<Stacked> Executable::RunPerRow(const Instruction& ins, const Aligned& a,
+                                           const std::vector<ir::ScalarValue>& scalars,
+                                           const std::vector<int64_t>* tiles) const {
+  const int64_t rows = a.map->rows, n = a.map->num_devices();
+  std::vector<std::vector<at::Tensor>> per_output(ins.outputs.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<at::Tensor> args(a.rows.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      args[i] = a.batched[i] ? a.rows[i].select(0, r) : a.rows[i];
+      if (ins.contiguous_inputs) args[i] = args[i].contiguous();  // it reads strides
+    }
+    const int64_t device = a.first_device.empty() ? r : a.first_device[r];
+    std::vector<at::Tensor> outs = CallKernel(ins, std::move(args), scalars,
+                                              tiles ? (*tiles)[device] : 0);
+    for (size_t o = 0; o < outs.size(); ++o) per_output[o].push_back(std::move(outs[o]));
+  }
+  std::vector<Stacked> results(per_output.size());
+  for (size_t o = 0; o < per_output.size(); ++o) {
+    if (!per_output[o][0].defined()) continue;
+    results[o] = rows == 1 ? StackReplicated(per_output[o][0], n)
+                           : Stacked{at::stack(per_output[o]), a.map};
+  }
+  return results;
+}
+
+void Executable::StoreResults(const Instruction& ins, std::vector<Stacked> results,
+                              std::vector<SlotValue>& slots) const {
+  const ir::Node& node = *ins.node;
+  SPMD_CHECK(results.size() == ins.outputs.size(), node.op()->qualified, " produced ",
+             results.size(), " outputs, expected ", ins.outputs.size());
+  for (size_t o = 0; o < results.size(); ++o) {
+    const TensorType& want = node.output(o);
+    if (want.dtype == DType::kUndefined) continue;
+    const Stacked& r = results[o];
+    SPMD_CHECK(r.defined(), "internal error: ", node.op()->qualified, " produced no output ", o,
+               " where the program expects ", want.ToString());
+    c10::IntArrayRef got = r.rows.sizes().slice(1);
+    SPMD_CHECK(std::equal(got.begin(), got.end(), want.shape.begin(), want.shape.end()) &&
+                   FromScalarType(r.rows.scalar_type()) == want.dtype,
+               "internal error: ", node.op()->qualified, " produced ",
+               TypeOf(r.Row(0)).ToString(), " where the program expects ", want.ToString());
+    SlotValue& slot = slots[ins.outputs[o]];
+    slot.buffers = BuffersOf(r, ins.labels[o], nullptr, /*views=*/false);
+    slot.stack = std::move(results[o]);
+  }
+}
+
+void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
+                           const std::vector<ir::ScalarValue>& scalars) const {
+  const Instruction& ins = instructions_[index];
   if (ins.alias != ViewAlias::kNone && TryAliasInput(ins, slots)) return;
   const ir::Node& node = *ins.node;
-  const c10::OperatorHandle& kernel = KernelFor(node.op());
-  size_t num_devices = DeviceSet::Get().num_devices();
-  std::vector<const PerDevice*> inputs;
+  std::vector<const Stacked*> inputs;
   inputs.reserve(ins.inputs.size());
-  for (int s : ins.inputs) inputs.push_back(&slots[s]);
+  for (int s : ins.inputs) inputs.push_back(&StackIn(slots[s]));
 
-  // Devices whose inputs are the very same host tensors compute the same result: run the
-  // kernel once per distinct input set (a replicated op runs once, not once per device).
-  // Devices whose inputs are the very same host tensors compute the same result: run the
-  // kernel once per distinct input set (a replicated op runs once, not once per device). A
-  // random op must also draw different values for different tiles of its result, so its
-  // devices are told apart by the tile they hold as well, and each tile reseeds differently.
-  bool random = ins.default_generator_seed >= 0;
-  for (const auto& sa : ins.scalar_args) random |= sa.generator;
-  const Sharding* layout =
-      random && !node.shardings().empty() && node.shardings()[0].valid() ? &node.shardings()[0] : nullptr;
-  auto tile_of = [&](size_t d) {
-    int64_t tile = 0;
-    for (int64_t dim = 0; layout && dim < layout->rank(); ++dim)
-      tile = tile * layout->NumTiles(dim) + layout->TileIndex(dim, d);
-    return tile;
-  };
-  std::vector<std::vector<size_t>> groups;
-  if (!layout && (inputs.empty() || SameAcrossDevices(inputs, num_devices))) {
-    groups.emplace_back();
-    for (size_t d = 0; d < num_devices; ++d) groups.back().push_back(d);
+  // A random op must draw different values for different tiles of its result: its devices
+  // are told apart by the tile they hold as well, and each tile reseeds differently.
+  std::vector<int64_t> tiles;
+  if (ins.random && !node.shardings().empty() && node.shardings()[0].valid()) {
+    const Sharding& layout = node.shardings()[0];
+    const int64_t n = DeviceSet::Get().num_devices();
+    tiles.resize(n);
+    for (int64_t d = 0; d < n; ++d) {
+      int64_t tile = 0;
+      for (int64_t dim = 0; dim < layout.rank(); ++dim)
+        tile = tile * layout.NumTiles(dim) + layout.TileIndex(dim, d);
+      tiles[d] = tile;
+    }
+  }
+  const std::vector<int64_t>* tile_of = tiles.empty() ? nullptr : &tiles;
+  Aligned a = Align(inputs, tile_of);
+  std::vector<Stacked> results;
+  const bool batched = a.map->rows > 1 && !ins.random;
+  const bool elementwise = batched && CanRunElementwise(ins, a);
+  if (batched && (elementwise || ins.batch_rule) &&
+      !unbatchable_[index].load(std::memory_order_relaxed)) {
+    try {
+      results = elementwise ? RunElementwise(ins, a, scalars) : RunVmapped(ins, a, scalars);
+    } catch (const std::exception&) {
+      // It cannot run batched here: run it per row. Only an op that then succeeds is
+      // remembered as unbatchable (a genuine error, e.g. an index out of range, rethrows).
+      results = RunPerRow(ins, a, scalars, tile_of);
+      unbatchable_[index] = true;
+      Count("UnbatchedOps");
+    }
   } else {
-    std::map<std::vector<const void*>, size_t> group_of;
-    for (size_t d = 0; d < num_devices; ++d) {
-      std::vector<const void*> key;
-      for (const PerDevice* in : inputs) key.push_back((*in)[d]->tensor.unsafeGetTensorImpl());
-      key.push_back(reinterpret_cast<const void*>(tile_of(d)));
-      auto it = group_of.emplace(key, groups.size()).first;
-      if (it->second == groups.size()) groups.emplace_back();
-      groups[it->second].push_back(d);
-    }
+    // Once (every device alike), per tile (random), or per row (no batching rule).
+    if (batched) Count("UnbatchedOps");
+    results = RunPerRow(ins, a, scalars, tile_of);
   }
-
-  std::vector<SlotValue> results(ins.outputs.size(), SlotValue(num_devices));
-  for (const auto& group : groups) {
-    const auto started = std::chrono::steady_clock::now();
-    size_t dev = group[0];
-    std::vector<c10::IValue> stack = ins.stack;
-    std::vector<at::Tensor> written;  // the private copies of written inputs, in argument order
-    for (const auto& [pos, input] : ins.tensor_args) {
-      at::Tensor t = (*inputs[input])[dev]->tensor;
-      if (ins.contiguous_inputs) t = t.contiguous();  // it reads strides (view_aliasing.h)
-      for (int m : ins.mutable_inputs) {
-        if (m != input) continue;
-        t = t.clone();  // values are immutable: never write a live buffer
-        written.push_back(t);
-      }
-      stack[pos] = c10::IValue(std::move(t));
-    }
-    for (const auto& la : ins.list_args) {
-      if (la.optional) {
-        c10::List<c10::optional<at::Tensor>> list;
-        for (int64_t i : la.inputs)
-          list.push_back(i < 0 ? c10::optional<at::Tensor>() : (*inputs[i])[dev]->tensor);
-        stack[la.position] = c10::IValue(list);
-      } else {
-        c10::List<at::Tensor> list;
-        for (int64_t i : la.inputs) list.push_back((*inputs[i])[dev]->tensor);
-        stack[la.position] = c10::IValue(list);
-      }
-    }
-    for (const auto& sa : ins.scalar_args) {
-      if (sa.generator) {
-        // The seed the recorder drew for this random op: same values on every run.
-        stack[sa.position] = c10::IValue(at::make_generator<at::CPUGeneratorImpl>(
-            static_cast<uint64_t>(scalars.at(sa.scalar_index).i) + TileSeedOffset(tile_of(dev))));
-        continue;
-      }
-      c10::Scalar s = ToScalar(scalars.at(sa.scalar_index));
-      stack[sa.position] = sa.wrapped ? c10::IValue(WrappedNumber(s)) : c10::IValue(s);
-    }
-    if (ins.default_generator_seed >= 0) {
-      // Reseed the default CPU generator with the recorded seed for this kernel only, so the
-      // node draws the same values on every run, and restore it: replay must not perturb the
-      // host's random stream.
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      at::Tensor saved;
-      {
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        saved = gen.get_state();
-        gen.set_current_seed(static_cast<uint64_t>(scalars.at(ins.default_generator_seed).i) +
-                             TileSeedOffset(tile_of(dev)));
-      }
-      auto restore = [&] {
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        gen.set_state(saved);
-      };
-      try {
-        kernel.callBoxed(&stack);
-      } catch (...) {
-        restore();
-        throw;
-      }
-      restore();
-    } else {
-      kernel.callBoxed(&stack);
-    }
-    // Flatten the returns (a Tensor[] return contributes all its elements).
-    std::vector<at::Tensor> outs;
-    for (c10::IValue& r : stack) {
-      if (r.isTensor()) outs.push_back(r.toTensor());
-      else if (r.isNone()) outs.emplace_back();  // an optional return left empty
-      else if (r.isTensorList())
-        for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
-    }
-    // Written inputs that no return carries (native_batch_norm's running stats) are extra
-    // outputs, in argument order (the recorder gave the node one output per such argument).
-    for (const at::Tensor& w : written) {
-      bool returned = false;
-      for (const at::Tensor& o : outs) returned |= o.defined() && o.is_same(w);
-      if (!returned) outs.push_back(w);
-    }
-    SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " returned ",
-               outs.size(), " tensors but ", ins.outputs.size(), " were expected");
-    for (size_t o = 0; o < outs.size(); ++o) {
-      const TensorType& want = node.output(o);
-      if (want.dtype == DType::kUndefined) {
-        // An output the recorder knew would be undefined (convolution_backward and
-        // native_layer_norm_backward with an output_mask entry false): nothing to keep.
-        SPMD_CHECK(!outs[o].defined() || outs[o].numel() == 0, "internal error: ",
-                   node.op()->qualified, " produced output ", o,
-                   " where the program expects none");
-        continue;
-      }
-      SPMD_CHECK(outs[o].defined(), "internal error: ", node.op()->qualified,
-                 " produced no output ", o, " where the program expects ", want.ToString());
-      c10::IntArrayRef got = outs[o].sizes();
-      SPMD_CHECK(std::equal(got.begin(), got.end(), want.shape.begin(), want.shape.end()) &&
-                     FromScalarType(outs[o].scalar_type()) == want.dtype,
-                 "internal error: ", node.op()->qualified, " produced ",
-                 TypeOf(outs[o]).ToString(), " where the program expects ", want.ToString());
-      MakeSharedBuffers(group, outs[o], ins.labels[o], results[o]);
-    }
-    const float took =
-        std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count();
-    for (size_t d : group) seconds[d] = took;
-  }
-  for (size_t o = 0; o < ins.outputs.size(); ++o) slots[ins.outputs[o]] = std::move(results[o]);
+  StoreResults(ins, std::move(results), slots);
 }
 
 void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const {
   const ir::Node& node = *ins.node;
-  const InternalKernel* kernel = FindInternalKernel(node.op()->qualified);
-  SPMD_CHECK(kernel != nullptr, "no runtime kernel for ", node.op()->qualified);
+  if (ins.stacked_kernel) {
+    std::vector<const Stacked*> inputs;
+    for (int s : ins.inputs) inputs.push_back(&StackIn(slots[s]));
+    StoreResults(ins, (*ins.stacked_kernel)(node, inputs), slots);
+    return;
+  }
   std::vector<const PerDevice*> inputs;
-  for (int s : ins.inputs) inputs.push_back(&slots[s]);
-  std::vector<PerDevice> outs = (*kernel)(node, inputs);
+  for (int s : ins.inputs) {
+    if (slots[s].stack.defined()) AttachViews(slots[s].stack, slots[s].buffers);
+    inputs.push_back(&slots[s].buffers);
+  }
+  std::vector<PerDevice> outs = (*ins.internal_kernel)(node, inputs);
   SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " produced ", outs.size(),
              " outputs, expected ", ins.outputs.size());
-  for (size_t o = 0; o < outs.size(); ++o) slots[ins.outputs[o]] = std::move(outs[o]);
+  for (size_t o = 0; o < outs.size(); ++o) slots[ins.outputs[o]] = SlotValue{std::move(outs[o]), {}};
+}
+
+bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
+  int in = ins.inputs[0];
+  SlotValue& input = slots[in];
+  const bool dies = std::find(ins.free_after.begin(), ins.free_after.end(), in) != ins.free_after.end();
+  if (!dies) {
+    if (!ins.share_input) return false;  // it would outlive its input's bytes: copy
+    const Stacked& s = StackIn(input);
+    if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
+    SlotValue out;
+    out.stack = Stacked{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
+    out.buffers = UnchargedBuffersOf(out.stack);
+    slots[ins.outputs[0]] = std::move(out);
+    Count("SharedViews");
+    return true;
+  }
+  // The input dies here: the view takes over its bytes, if nobody else holds them.
+  for (const BufferPtr& b : input.buffers) {
+    // (An uncharged input, itself a shared view, has no bytes to hand over.)
+    if (!b || !b->alloc.active()) return false;
+    // Nobody outside this slot may hold the buffer (a live tensor, another slot). Devices of a
+    // value share one allocation block, so count this slot's own references to it.
+    long own = 0;
+    for (const BufferPtr& other : input.buffers)
+      own += !b.owner_before(other) && !other.owner_before(b);
+    if (b.use_count() != own) return false;
+  }
+  const Stacked& s = StackIn(input);
+  // A reshape views each row, so each row must be contiguous (rows alike: check one).
+  if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
+  Stacked view{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
+  SlotValue out;
+  // The bytes move with the data.
+  out.buffers = BuffersOf(view, ins.labels[0], &input.buffers, /*views=*/false);
+  out.stack = std::move(view);
+  slots[ins.outputs[0]] = std::move(out);
+  Count("AliasedViews");
+  return true;
 }
 
 std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& params,
@@ -397,7 +626,7 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   std::vector<SlotValue> slots(num_slots_);
   std::vector<bool> donated_slot(num_slots_, false);
   for (size_t i = 0; i < params.size(); ++i) {
-    slots[param_slots_[i]] = params[i]->shards();
+    slots[param_slots_[i]] = SlotValue{params[i]->shards(), params[i]->stacked()};
     if (!donated.empty() && donated[i]) donated_slot[param_slots_[i]] = true;
   }
   // Donated inputs whose device memory was given back; taken back if the run fails.
@@ -407,19 +636,17 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   profile.seconds.reserve(instructions_.size());
   const size_t num_devices = DeviceSet::Get().num_devices();
   try {
-    for (const Instruction& ins : instructions_) {
+    for (size_t index = 0; index < instructions_.size(); ++index) {
+      const Instruction& ins = instructions_[index];
       profile.node_index.push_back(ins.node_index);
-      profile.seconds.emplace_back(num_devices, 0.0f);
-      std::vector<float>& seconds = profile.seconds.back();
       try {
-        if (ins.node->op()->internal) {
-          const auto started = std::chrono::steady_clock::now();
-          RunInternalOp(ins, slots);  // all devices at once: each gets the whole time
-          std::fill(seconds.begin(), seconds.end(),
-                    std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count());
-        } else {
-          RunAtenOp(ins, slots, scalars, seconds);
-        }
+        // All devices at once: each gets the whole time.
+        const auto started = std::chrono::steady_clock::now();
+        if (ins.node->op()->internal) RunInternalOp(ins, slots);
+        else RunAtenOp(index, slots, scalars);
+        profile.seconds.emplace_back(
+            num_devices,
+            std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count());
       } catch (c10::Error& e) {
         // Name the op that failed (the type, e.g. IndexError, is kept).
         e.add_context("while running " + ins.node->op()->qualified + " of the compiled program");
@@ -432,12 +659,12 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
       }
       for (int s : ins.free_after) {
         if (donated_slot[s])
-          for (const BufferPtr& b : slots[s])
+          for (const BufferPtr& b : slots[s].buffers)
             if (b && b->alloc.active()) {
               b->alloc.Release();
               given_back.push_back(b);
             }
-        SlotValue().swap(slots[s]);
+        slots[s] = SlotValue();
       }
     }
   } catch (...) {
@@ -445,17 +672,18 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
     // depend on them). Their host data never left; account their bytes again.
     slots.clear();
     for (const BufferPtr& b : given_back)
-      b->alloc = DeviceSet::Get().Allocate(b->alloc.device(), b->tensor.numel() *
-                                                                  static_cast<int64_t>(b->tensor.element_size()),
+      b->alloc = DeviceSet::Get().Allocate(b->alloc.device(), b->alloc.bytes(),
                                            "input restored after a failed step");
     throw;
   }
   std::vector<DeviceDataPtr> outputs;
   outputs.reserve(output_slots_.size());
   for (size_t i = 0; i < output_slots_.size(); ++i) {
+    SlotValue& slot = slots[output_slots_[i]];
+    if (slot.stack.defined()) AttachViews(slot.stack, slot.buffers);
     outputs.push_back(std::make_shared<DeviceData>(program_.output_global_types[i],
-                                                   program_.output_shardings[i],
-                                                   slots[output_slots_[i]]));
+                                                   program_.output_shardings[i], slot.buffers,
+                                                   slot.stack));
   }
   {
     std::lock_guard<std::mutex> lock(ProfileMutex());

@@ -2,13 +2,18 @@
 // with its argument stack prebuilt (only tensors and run-time scalars are filled in per run),
 // and the point after which each slot is dead so its buffers are freed early.
 #pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "partition/program.h"
 #include "runtime/device_data.h"
+#include "runtime/internal_kernels.h"
+#include "runtime/stacked.h"
+#include "runtime/vmap_level.h"
 #include "runtime/view_aliasing.h"
 
 namespace spmd::runtime {
@@ -25,6 +30,7 @@ RunProfile LastRunProfile();
 class Executable {
  public:
   explicit Executable(partition::Program program);
+  ~Executable();
 
   // Runs the program. `params` are in the program's parameter order, already laid out as
   // param_shardings say; `scalars` are the graph's run-time scalars. Returns the outputs as
@@ -32,6 +38,11 @@ class Executable {
   // last use in the program, as intermediate values do (their host data stays with the
   // DeviceData). On failure nothing is left allocated, donated inputs take their memory back,
   // and every input is intact.
+  //
+  // Device-batched: every value is held as a stack of its devices' shards (stacked.h) and each
+  // local op runs once over all rows under a vmap level (vmap_level.h), each collective as a
+  // stacked kernel; a value replicated on every device is computed once. Ops that vmap cannot
+  // run (and random ops, whose tiles draw their own values) run once per distinct row.
   std::vector<DeviceDataPtr> Run(const std::vector<DeviceDataPtr>& params,
                                  const std::vector<ir::ScalarValue>& scalars,
                                  const std::vector<bool>& donated = {}) const;
@@ -63,22 +74,73 @@ class Executable {
     };
     std::vector<ScalarArg> scalar_args;
     std::vector<const std::string*> labels;  // per output, for the device memory report
-    std::vector<int> mutable_inputs;  // node input indices the kernel would write: cloned first
+    std::vector<bool> mutable_input;  // per node input: the kernel would write it (cloned first)
     int default_generator_seed = -1;  // run-time scalar index of a random op's seed, or -1
+    bool random = false;              // draws random values (a seed above or a Generator arg)
     bool contiguous_inputs = false;   // a stride-sensitive op (see view_aliasing.h)
-    ViewAlias alias = ViewAlias::kNone;  // may return a view of its dying input instead
+    ViewAlias alias = ViewAlias::kNone;  // may return a view of its input instead (see Lower)
+    bool share_input = false;  // a view dying no later than its input: shares its bytes
+    // ATen ops: whether functorch has a batching rule (or a decomposition) for it; without one
+    // it runs per row (functorch's own fallback would too, with more overhead).
+    bool batch_rule = true;
+    // A functionalized view (`x_copy`): the view op `x`, whose batching rule exists where the
+    // copy's usually does not; the batched call clones its result.
+    const c10::OperatorHandle* view_kernel = nullptr;
+    // Its rule says it is elementwise (partition/rules/rule.h): it runs directly on the stacked
+    // rows when every input stacked over devices has `element_rank[input]` local dims (the
+    // rank of the result it broadcasts into; -1: it must be the same on every device).
+    bool elementwise = false;
+    std::vector<int> element_rank;
+    const InternalKernel* internal_kernel = nullptr;  // spmd:: and xm:: ops
+    const StackedKernel* stacked_kernel = nullptr;    // spmd:: ops: preferred
   };
-  using SlotValue = std::vector<BufferPtr>;  // one buffer per device
+  // A value while the program runs: what each device holds (and accounts), and the same
+  // shards stacked (computed from the buffers on first use where a kernel made them per device).
+  struct SlotValue {
+    PerDevice buffers;
+    Stacked stack;
+  };
+  // The inputs of one ATen op aligned to one row map: see Align.
+  struct Aligned {
+    RowMapPtr map;
+    std::vector<int64_t> first_device;  // per row, a device holding it (when regrouped)
+    std::vector<at::Tensor> rows;       // per input: [rows, ...] if batched, else its one shard
+    std::vector<bool> batched;
+  };
 
   void Lower();
-  // `seconds[d]`: the wall time of the kernel call that computed device d's result.
-  void RunAtenOp(const Instruction& ins, std::vector<SlotValue>& slots,
-                 const std::vector<ir::ScalarValue>& scalars, std::vector<float>& seconds) const;
+  static const Stacked& StackIn(SlotValue& value);
+  Aligned Align(const std::vector<const Stacked*>& inputs, const std::vector<int64_t>* tiles) const;
+  // One kernel call on `args` (one tensor per node input): the results, one per node output
+  // (undefined where the program expects none). `tile` reseeds a random op's draws.
+  std::vector<at::Tensor> CallKernel(const Instruction& ins, std::vector<at::Tensor> args,
+                                     const std::vector<ir::ScalarValue>& scalars, int64_t tile,
+                                     bool as_view = false) const;
+  bool CanRunElementwise(const Instruction& ins, const Aligned& a) const;
+  // `rows` of the batched inputs as they are (plain tensors, or BatchedTensors of `level`),
+  // unbatched written inputs expanded to one copy per row.
+  std::vector<at::Tensor> BatchedArgs(const Instruction& ins, const Aligned& a,
+                                      const VmapLevel* level) const;
+  std::vector<Stacked> RunElementwise(const Instruction& ins, const Aligned& a,
+                                      const std::vector<ir::ScalarValue>& scalars) const;
+  std::vector<Stacked> RunVmapped(const Instruction& ins, const Aligned& a,
+                                  const std::vector<ir::ScalarValue>& scalars) const;
+  std::vector<Stacked> RunPerRow(const Instruction& ins, const Aligned& a,
+                                 const std::vector<ir::ScalarValue>& scalars,
+                                 const std::vector<int64_t>* tiles) const;
+  void RunAtenOp(size_t index, std::vector<SlotValue>& slots,
+                 const std::vector<ir::ScalarValue>& scalars) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
   bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  // Stores `results` (one per node output) as the instruction's output slots, each device
+  // charging its shard, after checking them against the program's types.
+  void StoreResults(const Instruction& ins, std::vector<Stacked> results,
+                    std::vector<SlotValue>& slots) const;
 
   partition::Program program_;
   std::vector<Instruction> instructions_;
+  // Per instruction: vmap could not run it (learned on a run; it then runs per row).
+  std::unique_ptr<std::atomic<bool>[]> unbatchable_;
   std::vector<int> param_slots_;
   std::vector<int> output_slots_;
   int num_slots_ = 0;

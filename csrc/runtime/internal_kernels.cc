@@ -13,6 +13,10 @@ std::unordered_map<std::string, InternalKernel>& Registry() {
   static auto* r = new std::unordered_map<std::string, InternalKernel>();
   return *r;
 }
+std::unordered_map<std::string, StackedKernel>& StackedRegistry() {
+  static auto* r = new std::unordered_map<std::string, StackedKernel>();
+  return *r;
+}
 std::mutex& RegistryMutex() {
   static auto* mu = new std::mutex();
   return *mu;
@@ -23,12 +27,17 @@ std::mutex& RegistryMutex() {
 std::vector<PerDevice> Identity(const ir::Node& node, const std::vector<const PerDevice*>& in) {
   return {*in.at(0)};
 }
+std::vector<Stacked> StackedIdentity(const ir::Node& node, const std::vector<const Stacked*>& in) {
+  return {*in.at(0)};
+}
 
 struct Registrar {
   Registrar() {
     RegisterInternalKernel(ir::InternalOps::Get().sharding_constraint->qualified, Identity);
+    RegisterStackedKernel(ir::InternalOps::Get().sharding_constraint->qualified, StackedIdentity);
     RegisterCollectiveKernels();
     RegisterReplicaKernels();
+    RegisterStackedKernels();
   }
 } registrar;
 }  // namespace
@@ -42,6 +51,17 @@ const InternalKernel* FindInternalKernel(const std::string& qualified_name) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto it = Registry().find(qualified_name);
   return it == Registry().end() ? nullptr : &it->second;
+}
+
+void RegisterStackedKernel(const std::string& qualified_name, StackedKernel kernel) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  StackedRegistry()[qualified_name] = std::move(kernel);
+}
+
+const StackedKernel* FindStackedKernel(const std::string& qualified_name) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto it = StackedRegistry().find(qualified_name);
+  return it == StackedRegistry().end() ? nullptr : &it->second;
 }
 
 PerDevice MakePerDevice(const std::vector<at::Tensor>& tensors, const std::string& label) {

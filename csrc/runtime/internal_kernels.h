@@ -8,10 +8,9 @@
 
 #include "ir/node.h"
 #include "runtime/device_data.h"
+#include "runtime/stacked.h"
 
 namespace spmd::runtime {
-
-using PerDevice = std::vector<BufferPtr>;  // one buffer per device
 
 using InternalKernel = std::function<std::vector<PerDevice>(
     const ir::Node& node, const std::vector<const PerDevice*>& inputs)>;
@@ -19,18 +18,30 @@ using InternalKernel = std::function<std::vector<PerDevice>(
 void RegisterInternalKernel(const std::string& qualified_name, InternalKernel kernel);
 const InternalKernel* FindInternalKernel(const std::string& qualified_name);
 
+// The same ops on device-batched values (stacked.h): every input and output holds all devices'
+// shards as one stack, so a collective is a few tensor operations on the rows whatever the
+// device count. The executor prefers these; the per-device kernels stay for callers holding
+// per-device buffers and for ops without a stacked kernel.
+using StackedKernel = std::function<std::vector<Stacked>(
+    const ir::Node& node, const std::vector<const Stacked*>& inputs)>;
+void RegisterStackedKernel(const std::string& qualified_name, StackedKernel kernel);
+const StackedKernel* FindStackedKernel(const std::string& qualified_name);
+
 // Registers the collective and device-local spmd kernels (collective_kernels.cc). Called from
 // this library's own registrar: the runtime is a static library, so a registrar living only in
 // collective_kernels.o could be dropped by the linker.
 void RegisterCollectiveKernels();
 // Registers the kernels of the xm:: cross-replica collectives (replica_kernels.cc), likewise.
 void RegisterReplicaKernels();
+// Registers the stacked kernels of the spmd:: ops (stacked_kernels.cc), likewise.
+void RegisterStackedKernels();
 
 // Runs one partitioner-inserted spmd op outside a program, on per-device `inputs`, with `args`
 // in the op's schema order and its groups over `mesh`: the output type comes from
 // ir::SpmdOutputShape, as the partitioner would declare it. For tests and debugging.
+// `stacked` runs its stacked kernel instead of the per-device one.
 PerDevice RunSpmdOp(const ir::OpInfo& op, std::vector<ir::Arg> args, MeshPtr mesh,
-                    const PerDevice& inputs);
+                    const PerDevice& inputs, bool stacked = false);
 
 // Per-device buffers for `tensors` (one per device), sharing a buffer object between devices
 // that got the very same host tensor.

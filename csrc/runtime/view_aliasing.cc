@@ -59,14 +59,25 @@ bool IsStrideSensitive(const ir::OpInfo* op) {
   return !op->internal && ops->count(op->name) > 0;
 }
 
-at::Tensor AliasedView(const ir::Node& node, ViewAlias kind, const at::Tensor& input) {
+at::Tensor AliasedView(const ir::Node& node, ViewAlias kind, const at::Tensor& input,
+                       int64_t batch_dims) {
   const Shape& out = node.output(0).shape;
-  if (kind == ViewAlias::kReinterpret) return input.view(out);
+  std::vector<int64_t> prefix(input.sizes().begin(), input.sizes().begin() + batch_dims);
+  if (kind == ViewAlias::kReinterpret) {
+    prefix.insert(prefix.end(), out.begin(), out.end());
+    return input.view(prefix);
+  }
+  // Local dims, as the op's (possibly negative) dim args name them, in the batched tensor.
+  const int64_t rank = input.dim() - batch_dims;
+  auto dim = [&](int64_t d) { return (d < 0 ? d + rank : d) + batch_dims; };
   const std::string& name = node.op()->name;
-  if (name == "aten::t_copy") return input.t();
+  if (name == "aten::t_copy") return rank < 2 ? input : input.transpose(batch_dims, batch_dims + 1);
   if (name == "aten::transpose_copy")
-    return input.transpose(node.args().at(1).i, node.args().at(2).i);
-  return input.permute(node.args().at(1).ints);  // permute_copy(self, dims)
+    return input.transpose(dim(node.args().at(1).i), dim(node.args().at(2).i));
+  std::vector<int64_t> order;  // permute_copy(self, dims)
+  for (int64_t b = 0; b < batch_dims; ++b) order.push_back(b);
+  for (int64_t d : node.args().at(1).ints) order.push_back(dim(d));
+  return input.permute(order);
 }
 
 }  // namespace spmd::runtime

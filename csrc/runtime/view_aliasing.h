@@ -31,7 +31,9 @@ ViewAlias ViewAliasOf(const ir::Node& node);
 bool IsStrideSensitive(const ir::OpInfo* op);
 
 // The view `node` computes on `input` (which must satisfy ViewAliasOf's requirements:
-// contiguous for kReinterpret).
-at::Tensor AliasedView(const ir::Node& node, ViewAlias kind, const at::Tensor& input);
+// contiguous for kReinterpret), or on each row of `input` when its first `batch_dims` dims
+// stack devices' shards (stacked.h).
+at::Tensor AliasedView(const ir::Node& node, ViewAlias kind, const at::Tensor& input,
+                       int64_t batch_dims = 0);
 
 }  // namespace spmd::runtime

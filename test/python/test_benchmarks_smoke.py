@@ -14,7 +14,7 @@ def test_step_time_quick(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--skip-jax", "--skip-gloo", "--steps", "2",
-         "--warmup", "1", "--threads", "1", "--out", str(out)],
+         "--warmup", "1", "--threads", "1", "--rounds", "2", "--out", str(out)],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

@@ -25,6 +25,17 @@ def eight_devices():
     yield
 
 
+# Every test runs both kernels of each op: the per-device one (a tensor per device) and the
+# stacked one the executor uses (all devices' shards as one tensor, runtime/stacked_kernels.cc).
+STACKED = {"on": False}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["per_device", "stacked"])
+def kernel_kind(request):
+    STACKED["on"] = request.param
+    yield request.param
+
+
 def shuffled(n, seed):
     return np.random.default_rng(seed).permutation(n).tolist()
 
@@ -188,7 +199,7 @@ def random_inputs(per_device_shape, seed, dtype=np.float32):
 
 def run(kind, xs, ids, shape, axes, **attrs):
     outs = _C._run_collective(kind, [torch.from_numpy(np.ascontiguousarray(x)) for x in xs], ids,
-                              list(shape), axes, attrs)
+                              list(shape), axes, attrs, stacked=STACKED["on"])
     assert len(outs) == N
     return outs
 
@@ -408,7 +419,8 @@ def test_group_results_share_one_host_tensor(kind, attrs):
 def test_shard_slice_of_a_replicated_input_is_computed_once_per_tile():
     shape, ids, axes = (4, 2), list(range(8)), [0]
     x = torch.arange(10.0)
-    outs = _C._run_collective("shard_slice", [x] * N, ids, list(shape), axes, {"dim": 0, "size": 10})
+    outs = _C._run_collective("shard_slice", [x] * N, ids, list(shape), axes, {"dim": 0, "size": 10},
+                              stacked=STACKED["on"])
     groups = ref_groups(ids, shape, axes)
     for i in range(4):
         members = [g[i] for g in groups]

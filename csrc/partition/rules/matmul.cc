@@ -47,8 +47,13 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   // member adds beta*bias/n (n = the group size), so the pending sum counts the bias once and
   // the consumer decides between all-reduce and reduce-scatter. (Integer results cannot be
   // split that way: they are reduced here and the bias added once.)
+  // beta = 0 ignores the bias entirely (NaN/inf in it must not propagate, as in ATen): the
+  // local op is then alpha * (m1 @ m2), also unsharded (vmap's addmm, which runs the local op
+  // over stacked devices, computes beta * bias and would propagate them).
   rule.lower = [lhs, rhs, bias, k](LocalBuilder& b, const std::vector<LocalValue>& ops) {
-    if (b.factor_axes()[k].empty()) return b.EmitNodeOp(ops);
+    const ir::Arg beta = b.node_arg(3);
+    const bool no_bias = beta.is_scalar() && !beta.dynamic && beta.ScalarValue() == 0.0;
+    if (b.factor_axes()[k].empty() && !no_bias) return b.EmitNodeOp(ops);
     const ir::Node& n = b.node();
     bool batched = n.output(0).rank() == 3;
     const char* mm = batched ? "aten::bmm" : "aten::mm";
@@ -59,9 +64,7 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
                                {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, local, layout, n.output(0));
     const bool keep_partial = IsFloatingPoint(n.output(0).dtype);
     if (!keep_partial) prod = b.Resolve(prod);
-    const ir::Arg beta = b.node_arg(3);
-    if (beta.is_scalar() && !beta.dynamic && beta.ScalarValue() == 0.0) {
-      // beta = 0 ignores the bias entirely (NaN/inf in it must not propagate, as in ATen).
+    if (no_bias) {
       return std::vector<LocalValue>{b.EmitOp(
           "aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
           {prod.value}, {ir::Arg::Tensor(0), b.node_arg(4)}, prod.value.type(), prod.layout,

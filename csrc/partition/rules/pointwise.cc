@@ -10,6 +10,7 @@ namespace {
 
 std::optional<ShardingRule> Pointwise(const ir::Node& node) {
   ShardingRule rule;
+  rule.elementwise = true;
   const TensorType& out = node.output(0);
   TensorFactors result = PassThroughFactors(rule, out);
   for (int o = 0; o < node.num_outputs(); ++o) {
