@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/metrics.h"
+#include "ir/internal_attrs.h"
 #include "ir/internal_ops.h"
 #include "partition/rules/rule.h"
 #include "runtime/internal_kernels.h"
@@ -254,6 +255,15 @@ void Executable::Lower() {
     ins.share_input = ins.alias != ViewAlias::kNone && last_use[view] >= 0 &&
                       (last_use[base] == -2 || last_use[view] <= last_use[base]);
   }
+
+  std::vector<std::vector<int>> readers(num_slots_);
+  for (size_t i = 0; i < instructions_.size(); ++i)
+    for (int s : instructions_[i].inputs)
+      if (readers[s].empty() || readers[s].back() != static_cast<int>(i)) readers[s].push_back(i);
+  std::vector<bool> is_output(num_slots_, false);
+  for (int s : output_slots_) is_output[s] = true;
+  for (size_t i = 0; i < instructions_.size(); ++i)
+    instructions_[i].fold = FoldOf(i, readers, is_output);
 }
 
 const Stacked& Executable::StackIn(SlotValue& value) {
@@ -533,6 +543,10 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
       tiles[d] = tile;
     }
   }
+  if (ins.fold) {
+    StoreResults(ins, RunFolded(ins, inputs, scalars), slots);
+    return;
+  }
   const std::vector<int64_t>* tile_of = tiles.empty() ? nullptr : &tiles;
   Aligned a = Align(inputs, tile_of);
   std::vector<Stacked> results;
@@ -554,6 +568,8 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
     if (batched) Count("UnbatchedOps");
     results = RunPerRow(ins, a, scalars, tile_of);
   }
+  // A view of a summed value (on its way to the reduction) is summed too.
+  if (ins.alias != ViewAlias::kNone && inputs[0]->summed) results[0].summed = true;
   StoreResults(ins, std::move(results), slots);
 }
 
@@ -576,6 +592,104 @@ void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& s
   for (size_t o = 0; o < outs.size(); ++o) slots[ins.outputs[o]] = SlotValue{std::move(outs[o]), {}};
 }
 
+std::shared_ptr<const Executable::Instruction::Fold> Executable::FoldOf(
+    size_t index, const std::vector<std::vector<int>>& readers,
+    const std::vector<bool>& is_output) const {
+  const Instruction& ins = instructions_[index];
+  const ir::Node& node = *ins.node;
+  if (node.op()->internal || ins.random || node.num_outputs() != 1 || node.shardings().empty())
+    return nullptr;
+  for (bool m : ins.mutable_input)
+    if (m) return nullptr;
+  const Sharding& layout = node.shardings()[0];
+  if (!layout.valid() || !layout.IsPartial() || layout.partial_op() != ReduceOp::kSum)
+    return nullptr;
+  // The one summed factor the result does not have, and each operand's dim made of it alone.
+  std::optional<partition::ShardingRule> rule = partition::GetRule(node);
+  if (!rule || rule->operands.size() != node.inputs().size() || rule->results.size() != 1)
+    return nullptr;
+  std::vector<bool> in_result(rule->factors.size(), false);
+  for (const partition::DimFactors& dim : rule->results[0])
+    for (int f : dim) in_result[f] = true;
+  int summed = -1;
+  for (size_t f = 0; f < rule->factors.size(); ++f) {
+    if (in_result[f] || rule->factors[f].kind != partition::FactorKind::kReduction) continue;
+    if (!rule->factors[f].sums || summed >= 0) return nullptr;
+    summed = static_cast<int>(f);
+  }
+  if (summed < 0) return nullptr;
+  auto fold = std::make_shared<Instruction::Fold>(Instruction::Fold{
+      MeshGroups(layout.mesh(), std::vector<int>(layout.partial_axes().begin(),
+                                                 layout.partial_axes().end())),
+      {}});
+  for (const partition::TensorFactors& operand : rule->operands) {
+    int dim = -1;
+    for (size_t d = 0; d < operand.size(); ++d) {
+      const partition::DimFactors& f = operand[d];
+      if (std::find(f.begin(), f.end(), summed) == f.end()) continue;
+      if (f.size() != 1 || dim >= 0) return nullptr;
+      dim = static_cast<int>(d);
+    }
+    if (dim < 0) return nullptr;  // an operand not summed over (a bias)
+    fold->dim.push_back(dim);
+  }
+  // Views only, each read once, up to the reduction of exactly those axes.
+  int slot = ins.outputs[0];
+  while (!is_output[slot] && readers[slot].size() == 1) {
+    const Instruction& next = instructions_[readers[slot][0]];
+    if (next.node->op()->internal) {
+      const ir::InternalOps& ops = ir::InternalOps::Get();
+      if (next.node->op() != ops.all_reduce && next.node->op() != ops.reduce_scatter)
+        return nullptr;
+      ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*next.node->op(), next.node->args());
+      std::vector<int> axes(attrs.axes.begin(), attrs.axes.end());
+      std::sort(axes.begin(), axes.end());
+      const bool same = attrs.op == ReduceOp::kSum && next.stacked_kernel &&
+                        axes == std::vector<int>(layout.partial_axes().begin(),
+                                                 layout.partial_axes().end());
+      return same ? fold : nullptr;
+    }
+    if (next.alias == ViewAlias::kNone) return nullptr;
+    slot = next.outputs[0];
+  }
+  return nullptr;
+}
+
+std::vector<Stacked> Executable::RunFolded(const Instruction& ins,
+                                           const std::vector<const Stacked*>& inputs,
+                                           const std::vector<ir::ScalarValue>& scalars) const {
+  const Instruction::Fold& fold = *ins.fold;
+  const int64_t groups = static_cast<int64_t>(fold.groups.groups().size());
+  const int64_t n = inputs.at(0)->map->num_devices();
+  // Each operand as [G, ...] with its members' tiles of the summed dim side by side.
+  std::vector<at::Tensor> rows(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t dim = fold.dim[i] + 1;  // in [G, *local]
+    rows[i] = RowsByGroup(*inputs[i], fold.groups).movedim(1, dim).flatten(dim, dim + 1);
+    if (ins.contiguous_inputs) rows[i] = rows[i].contiguous();
+  }
+  Stacked result;
+  result.map = GroupRowMap(fold.groups, n);
+  if (groups == 1) {
+    std::vector<at::Tensor> args(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) args[i] = rows[i].select(0, 0);
+    result.single = CallKernel(ins, std::move(args), scalars, 0).at(0);
+    result.rows = result.single.unsqueeze(0);
+  } else {
+    VmapLevel level(groups);
+    std::vector<at::Tensor> args(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) args[i] = level.Batched(rows[i]);
+    at::Tensor out = CallKernel(ins, std::move(args), scalars, 0).at(0);
+    level.Pop();
+    result.rows = level.Rows(out);
+    SPMD_CHECK(result.rows.defined(), "internal error: folded ", ins.node->op()->qualified,
+               " gave a result that does not vary over its groups");
+  }
+  result.summed = true;
+  Count("FoldedContractions");
+  return {result};
+}
+
 bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
   int in = ins.inputs[0];
   SlotValue& input = slots[in];
@@ -586,6 +700,7 @@ bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& s
     if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
     SlotValue out;
     out.stack = Stacked{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
+    out.stack.summed = s.summed;
     out.buffers = UnchargedBuffersOf(out.stack);
     slots[ins.outputs[0]] = std::move(out);
     Count("SharedViews");
@@ -606,6 +721,7 @@ bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& s
   // A reshape views each row, so each row must be contiguous (rows alike: check one).
   if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
   Stacked view{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
+  view.summed = s.summed;
   SlotValue out;
   // The bytes move with the data.
   out.buffers = BuffersOf(view, ins.labels[0], &input.buffers, /*views=*/false);

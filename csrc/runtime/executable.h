@@ -91,6 +91,15 @@ class Executable {
     // rank of the result it broadcasts into; -1: it must be the same on every device).
     bool elementwise = false;
     std::vector<int> element_rank;
+    // A folded contraction: the op's result is a partial sum over a summed factor
+    // (rule.h, Factor::sums), reaching an all-reduce or reduce-scatter through views only.
+    // Run once over each group's members with their tiles of that factor concatenated, it
+    // computes the sum itself (Stacked::summed); the collective then only splits and counts.
+    struct Fold {
+      MeshGroups groups;     // the pending reduction's
+      std::vector<int> dim;  // per node input: its dim made of the summed factor
+    };
+    std::shared_ptr<const Fold> fold;
     const InternalKernel* internal_kernel = nullptr;  // spmd:: and xm:: ops
     const StackedKernel* stacked_kernel = nullptr;    // spmd:: ops: preferred
   };
@@ -109,6 +118,12 @@ class Executable {
   };
 
   void Lower();
+  // The Fold of instruction `index`, or null (see Instruction::fold).
+  std::shared_ptr<const Instruction::Fold> FoldOf(
+      size_t index, const std::vector<std::vector<int>>& readers,
+      const std::vector<bool>& is_output) const;
+  std::vector<Stacked> RunFolded(const Instruction& ins, const std::vector<const Stacked*>& inputs,
+                                 const std::vector<ir::ScalarValue>& scalars) const;
   static const Stacked& StackIn(SlotValue& value);
   Aligned Align(const std::vector<const Stacked*>& inputs, const std::vector<int64_t>* tiles) const;
   // One kernel call on `args` (one tensor per node input): the results, one per node output

@@ -79,6 +79,54 @@ RowMapPtr MapOfKeys(const std::vector<int64_t>& keys, int64_t width,
 
 bool SameMap(const RowMapPtr& a, const RowMapPtr& b) { return a == b || *a == *b; }
 
+RowMapPtr GroupRowMap(const MeshGroups& groups, int64_t n) {
+  auto map = std::make_shared<RowMap>();
+  map->row_of.assign(n, 0);
+  map->rows = static_cast<int64_t>(groups.groups().size());
+  for (size_t g = 0; g < groups.groups().size(); ++g)
+    for (int64_t d : groups.groups()[g]) map->row_of[d] = static_cast<int32_t>(g);
+  return map->rows == 1 ? ReplicatedMap(n) : map;
+}
+
+RowMapPtr MemberRowMap(const MeshGroups& groups, int64_t n) {
+  auto map = std::make_shared<RowMap>();
+  map->row_of.assign(n, 0);
+  const int64_t k = groups.group_size();
+  map->rows = static_cast<int64_t>(groups.groups().size()) * k;
+  for (size_t g = 0; g < groups.groups().size(); ++g)
+    for (int64_t i = 0; i < k; ++i)
+      map->row_of[groups.groups()[g][i]] = static_cast<int32_t>(g * k + i);
+  if (map->rows == 1) return ReplicatedMap(n);
+  if (*map == *IdentityMap(n)) return IdentityMap(n);
+  return map;
+}
+
+at::Tensor RowsByGroup(const Stacked& s, const MeshGroups& mesh_groups) {
+  const auto& groups = mesh_groups.groups();
+  const int64_t g_count = static_cast<int64_t>(groups.size()), k = mesh_groups.group_size();
+  const std::vector<int32_t>& row_of = s.map->row_of;
+  const int64_t base = row_of[groups[0][0]];
+  const int64_t sg = g_count > 1 ? row_of[groups[1][0]] - base : 0;
+  const int64_t si = k > 1 ? row_of[groups[0][1]] - base : 0;
+  bool affine = sg >= 0 && si >= 0;
+  for (int64_t g = 0; affine && g < g_count; ++g)
+    for (int64_t i = 0; affine && i < k; ++i) affine = row_of[groups[g][i]] == base + g * sg + i * si;
+  const at::Tensor& rows = s.rows;
+  std::vector<int64_t> sizes{g_count, k};
+  sizes.insert(sizes.end(), rows.sizes().begin() + 1, rows.sizes().end());
+  if (affine) {
+    const int64_t s0 = rows.stride(0);
+    std::vector<int64_t> strides{sg * s0, si * s0};
+    strides.insert(strides.end(), rows.strides().begin() + 1, rows.strides().end());
+    return rows.as_strided(sizes, strides, rows.storage_offset() + base * s0);
+  }
+  std::vector<int64_t> idx;
+  idx.reserve(g_count * k);
+  for (const auto& group : groups)
+    for (int64_t d : group) idx.push_back(row_of[d]);
+  return rows.index_select(0, at::tensor(idx, at::kLong)).view(sizes);
+}
+
 Stacked StackReplicated(const at::Tensor& tensor, int64_t num_devices) {
   return Stacked{tensor.unsqueeze(0), ReplicatedMap(num_devices), tensor};
 }

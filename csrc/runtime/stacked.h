@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "sharding/tiling.h"
+
 
 namespace spmd::runtime {
 
@@ -49,6 +51,10 @@ struct Stacked {
   at::Tensor rows;  // [M, *local]
   RowMapPtr map;    // map->rows == M
   at::Tensor single;  // optional, for M == 1: the one shard itself (rows is it, unsqueezed)
+  // The rows already hold the sum a pending reduction (an all-reduce or reduce-scatter over
+  // some group of devices) is to compute, one row per group: a contraction computed over the
+  // members' stacked operands at once (Executable's folded contractions) and views of it.
+  bool summed = false;
 
   bool defined() const { return rows.defined(); }
   int64_t num_rows() const { return map->rows; }
@@ -56,6 +62,15 @@ struct Stacked {
   at::Tensor Row(int64_t r) const { return single.defined() ? single : rows.select(0, r); }
   at::Tensor OfDevice(int64_t device) const { return Row(map->row_of[device]); }
 };
+
+// Maps for a collective's groups: device -> its group's index (one row per group), and
+// device -> g * k + i for member i of group g (one row per device).
+RowMapPtr GroupRowMap(const MeshGroups& groups, int64_t num_devices);
+RowMapPtr MemberRowMap(const MeshGroups& groups, int64_t num_devices);
+// The rows of `s` arranged by group: [G, k, *local], entry (g, i) = the shard of member i of
+// group g. A strided view of the rows when their indices are affine in (g, i) (regular
+// meshes, replicated values), else a gathered copy.
+at::Tensor RowsByGroup(const Stacked& s, const MeshGroups& groups);
 
 // A replicated value: `tensor` on every one of `num_devices` devices.
 Stacked StackReplicated(const at::Tensor& tensor, int64_t num_devices);

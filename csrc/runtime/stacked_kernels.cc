@@ -50,65 +50,18 @@ Call Prepare(const ir::Node& node, const std::vector<const Stacked*>& inputs) {
              " devices but the device set has ", x.map->num_devices());
   ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*node.op(), node.args());
   MeshGroups groups(mesh, attrs.axes);
+  SPMD_CHECK(!x.summed || ((node.op() == ir::InternalOps::Get().all_reduce ||
+                            node.op() == ir::InternalOps::Get().reduce_scatter) &&
+                           attrs.op == ReduceOp::kSum && x.map->rows == groups.groups().size()),
+             "internal error: ", op, " got an already summed input");
   return Call{node, std::move(attrs), std::move(groups), x, x.Row(0)};
 }
 
-// Device -> its group's index (one row per group).
-RowMapPtr GroupMap(const MeshGroups& groups, int64_t n) {
-  auto map = std::make_shared<RowMap>();
-  map->row_of.assign(n, 0);
-  map->rows = static_cast<int64_t>(groups.groups().size());
-  for (size_t g = 0; g < groups.groups().size(); ++g)
-    for (int64_t d : groups.groups()[g]) map->row_of[d] = static_cast<int32_t>(g);
-  return map->rows == 1 ? ReplicatedMap(n) : map;
-}
-
-// Device -> g * k + i for member i of group g (one row per device).
-RowMapPtr MemberMap(const MeshGroups& groups, int64_t n) {
-  auto map = std::make_shared<RowMap>();
-  map->row_of.assign(n, 0);
-  const int64_t k = groups.group_size();
-  map->rows = static_cast<int64_t>(groups.groups().size()) * k;
-  for (size_t g = 0; g < groups.groups().size(); ++g)
-    for (int64_t i = 0; i < k; ++i)
-      map->row_of[groups.groups()[g][i]] = static_cast<int32_t>(g * k + i);
-  if (map->rows == 1) return ReplicatedMap(n);
-  if (*map == *IdentityMap(n)) return IdentityMap(n);
-  return map;
-}
-
-// The input's rows arranged by group: [G, k, *local], entry (g, i) = member i of group g's
-// shard. A strided view of the rows when their indices are affine in (g, i) (regular meshes,
-// replicated inputs), else a gathered copy.
-at::Tensor ByGroup(const Call& c) {
-  const auto& groups = c.groups.groups();
-  const int64_t g_count = c.num_groups(), k = c.k();
-  const std::vector<int32_t>& row_of = c.x.map->row_of;
-  const int64_t base = row_of[groups[0][0]];
-  const int64_t sg = g_count > 1 ? row_of[groups[1][0]] - base : 0;
-  const int64_t si = k > 1 ? row_of[groups[0][1]] - base : 0;
-  bool affine = sg >= 0 && si >= 0;
-  for (int64_t g = 0; affine && g < g_count; ++g)
-    for (int64_t i = 0; affine && i < k; ++i) affine = row_of[groups[g][i]] == base + g * sg + i * si;
-  const at::Tensor& rows = c.x.rows;
-  std::vector<int64_t> sizes{g_count, k};
-  sizes.insert(sizes.end(), rows.sizes().begin() + 1, rows.sizes().end());
-  if (affine) {
-    const int64_t s0 = rows.stride(0);
-    std::vector<int64_t> strides{sg * s0, si * s0};
-    strides.insert(strides.end(), rows.strides().begin() + 1, rows.strides().end());
-    return rows.as_strided(sizes, strides, rows.storage_offset() + base * s0);
-  }
-  std::vector<int64_t> idx;
-  idx.reserve(g_count * k);
-  for (const auto& group : groups)
-    for (int64_t d : group) idx.push_back(row_of[d]);
-  return rows.index_select(0, at::tensor(idx, at::kLong)).view(sizes);
-}
-
-// The members of each group reduced: [G, *local], in member order as ReduceGroup does.
+// The members of each group reduced: [G, *local], in member order as ReduceGroup does. The
+// result keeps the input's memory layout: a transposed gradient is summed as it lies in
+// memory (15x faster than reading it across), and stays transposed.
 at::Tensor ReduceMembers(const at::Tensor& by_group, ReduceOp op) {
-  at::Tensor acc = by_group.select(1, 0).clone(at::MemoryFormat::Contiguous);
+  at::Tensor acc = by_group.select(1, 0).clone(at::MemoryFormat::Preserve);
   for (int64_t i = 1; i < by_group.size(1); ++i) ReduceInto(acc, by_group.select(1, i), op);
   return acc;
 }
@@ -125,16 +78,17 @@ std::vector<Stacked> AllGather(const Call& c) {
   CheckCollectiveExtent("all_gather", "dim", c.shard, dim, DimTiling(size, c.k()).tile_size);
   RecordCollective(CollectiveKind::kAllGather, c.shard);
   // The members' padded tiles side by side: global row j of the dim is at j (padding last).
-  at::Tensor merged = ByGroup(c).movedim(1, dim + 1).flatten(dim + 1, dim + 2);
+  at::Tensor merged = RowsByGroup(c.x, c.groups).movedim(1, dim + 1).flatten(dim + 1, dim + 2);
   if (merged.size(dim + 1) != size) merged = merged.narrow(dim + 1, 0, size);
-  return {Stacked{merged.contiguous(), GroupMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{merged.contiguous(), GroupRowMap(c.groups, c.x.map->num_devices())}};
 }
 
 std::vector<Stacked> AllReduce(const Call& c) {
   RecordCollective(CollectiveKind::kAllReduce, c.shard);
+  if (c.x.summed) return {Stacked{c.x.rows, c.x.map}};  // computed summed: only counted here
   if (c.k() == 1) return {c.x};  // nothing to reduce; values are immutable
-  return {Stacked{ReduceMembers(ByGroup(c), c.attrs.op),
-                  GroupMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{ReduceMembers(RowsByGroup(c.x, c.groups), c.attrs.op),
+                  GroupRowMap(c.groups, c.x.map->num_devices())}};
 }
 
 std::vector<Stacked> ReduceScatter(const Call& c) {
@@ -142,10 +96,11 @@ std::vector<Stacked> ReduceScatter(const Call& c) {
   CheckCollectiveDim("reduce_scatter", "dim", dim, c.shard);
   CheckCollectiveExtent("reduce_scatter", "dim", c.shard, dim, size);
   RecordCollective(CollectiveKind::kReduceScatter, c.shard);
-  at::Tensor reduced = ReduceMembers(ByGroup(c), c.attrs.op);  // [G, *local]
+  at::Tensor reduced = c.x.summed ? c.x.rows  // computed summed, one row per group
+                                  : ReduceMembers(RowsByGroup(c.x, c.groups), c.attrs.op);
   at::Tensor padded = PadTo(reduced, dim + 1, DimTiling(size, k).tile_size * k);
   return {Stacked{SplitIntoMembers(padded, dim, k).contiguous(),
-                  MemberMap(c.groups, c.x.map->num_devices())}};
+                  MemberRowMap(c.groups, c.x.map->num_devices())}};
 }
 
 std::vector<Stacked> AllToAll(const Call& c) {
@@ -158,7 +113,7 @@ std::vector<Stacked> AllToAll(const Call& c) {
   CheckCollectiveExtent("all_to_all", "concat_dim", c.shard, t, DimTiling(a.concat_size, k).tile_size);
   RecordCollective(CollectiveKind::kAllToAll, c.shard);
   // [G, i, *local] with the split dim padded to k tiles and cut: [G, i, .., j, ss, .., cs, ..].
-  at::Tensor x = PadTo(ByGroup(c), s + 2, DimTiling(a.split_size, k).tile_size * k);
+  at::Tensor x = PadTo(RowsByGroup(c.x, c.groups), s + 2, DimTiling(a.split_size, k).tile_size * k);
   x = x.unflatten(s + 2, {k, x.size(s + 2) / k});
   // Dim positions now: 0 G, 1 i, then the local dims with j inserted before the split tile.
   const int64_t j_pos = s + 2, t_pos = t + 2 + (t > s ? 1 : 0);
@@ -173,7 +128,7 @@ std::vector<Stacked> AllToAll(const Call& c) {
   const int64_t i_pos = std::find(order.begin(), order.end(), 1) - order.begin();
   y = y.flatten(i_pos, i_pos + 1);  // the members' concat tiles side by side
   if (y.size(i_pos) != a.concat_size) y = y.narrow(i_pos, 0, a.concat_size);
-  return {Stacked{y.flatten(0, 1).contiguous(), MemberMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{y.flatten(0, 1).contiguous(), MemberRowMap(c.groups, c.x.map->num_devices())}};
 }
 
 // Member dst of every group receives member src's shard ((src, dst) in `pairs`); members
@@ -205,8 +160,8 @@ void CheckPairs(const PermutePairs& pairs, int64_t k) {
 std::vector<Stacked> CollectivePermute(const Call& c) {
   CheckPairs(c.attrs.pairs, c.k());
   RecordCollective(CollectiveKind::kPermute, c.shard);
-  return {Stacked{Permuted(ByGroup(c), c.attrs.pairs, 0.0).flatten(0, 1),
-                  MemberMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{Permuted(RowsByGroup(c.x, c.groups), c.attrs.pairs, 0.0).flatten(0, 1),
+                  MemberRowMap(c.groups, c.x.map->num_devices())}};
 }
 
 // A result that depends on the input row and on the device's member index: one row per
@@ -282,7 +237,7 @@ std::vector<Stacked> HaloExchange(const Call& c) {
   const int64_t tile = c.shard.size(a.dim), k = c.k(), d = a.dim + 2;
   SPMD_CHECK_VALUE(a.left <= tile && a.right <= tile, "halo_exchange: halos of ", a.left, " and ",
                    a.right, " reach beyond the direct neighbours' tiles of ", tile);
-  at::Tensor x = ByGroup(c);  // [G, k, ...]
+  at::Tensor x = RowsByGroup(c.x, c.groups);  // [G, k, ...]
   // Each edge travels as one collective-permute (none when it is empty or has no neighbour).
   auto edge = [&](int64_t start, int64_t length, int64_t shift) {
     at::Tensor rows = x.narrow(d, start, length);
@@ -296,7 +251,7 @@ std::vector<Stacked> HaloExchange(const Call& c) {
   at::Tensor left = edge(tile - a.left, a.left, +1);  // from the previous member
   at::Tensor right = edge(0, a.right, -1);            // from the next member
   return {Stacked{at::cat({left, x, right}, d).flatten(0, 1),
-                  MemberMap(c.groups, c.x.map->num_devices())}};
+                  MemberRowMap(c.groups, c.x.map->num_devices())}};
 }
 
 using Kernel = std::vector<Stacked> (*)(const Call&);

@@ -46,7 +46,8 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
     factor.size = in.shape[d];
     factor.kind = FactorKind::kReduction;
     switch (combine) {
-      case Combine::kSum: case Combine::kMean: break;
+      case Combine::kSum: factor.sums = true; break;
+      case Combine::kMean: break;
       case Combine::kMax:
         factor.reduce = ReduceOp::kMax;
         factor.pad_value = -std::numeric_limits<double>::infinity();

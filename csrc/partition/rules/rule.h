@@ -48,6 +48,12 @@ struct Factor {
   // Independent iteration spaces within one op (the elements of a list op such as
   // _foreach_add): a mesh axis shards at most one factor of each group. Default: one group.
   int group = 0;
+  // Reduction factors only: the op adds up its terms over this factor (a contraction, a sum;
+  // not a mean, a norm or a max), and every operand containing it is linear in it. So the op
+  // on operands whose tiles of this factor are concatenated equals the sum of the op on each
+  // tile: the executor computes a partial result that an all-reduce or reduce-scatter then
+  // sums in one such call (runtime/executable.cc, folded contractions).
+  bool sums = false;
 };
 
 using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor
