@@ -64,25 +64,53 @@ const c10::OperatorHandle* ViewKernelFor(const ir::OpInfo* op) {
   return it->second;
 }
 
-// Whether `node`'s rule makes it elementwise, and the local rank each input must have to run
-// stacked as it is: that of the result it broadcasts into (element i of a list argument into
-// result i; a lone tensor beside lists must not vary over devices: -1).
-void ElementwiseRanks(const ir::Node& node, bool* elementwise, std::vector<int>* rank) {
+// What `node`'s rule says about running it on stacked rows without a batching transform:
+// - elementwise: the local rank each input must have to run stacked as it is, that of the
+//   result it broadcasts into (element i of a list argument into result i; a lone tensor
+//   beside lists must not vary over devices: -1);
+// - a leading pass-through factor that every result starts with: the device dim of the
+//   inputs that start with it too can merge into it (lead_factor[input]: 1 starts with it,
+//   0 lacks it, -1 has it elsewhere).
+void RuleFacts(const ir::Node& node, bool* elementwise, std::vector<int>* rank, bool* lead,
+               std::vector<int>* lead_factor) {
   std::optional<partition::ShardingRule> rule = partition::GetRule(node);
-  *elementwise = rule && rule->elementwise;
+  bool layout_free = true;
   for (const ir::Arg& a : node.args())  // channels-last has no meaning for a stacked tensor
     if (a.kind == ir::Arg::Kind::kMemoryFormat &&
         a.i >= static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))
-      *elementwise = false;
-  if (!*elementwise) return;
-  bool lists = false;
-  for (const ir::Arg& a : node.args()) lists |= a.kind == ir::Arg::Kind::kTensorList;
-  rank->assign(node.inputs().size(), lists ? -1 : static_cast<int>(node.output(0).rank()));
-  for (const ir::Arg& a : node.args()) {
-    if (a.kind != ir::Arg::Kind::kTensorList) continue;
-    for (size_t i = 0; i < a.ints.size(); ++i)
-      if (static_cast<int>(i) < node.num_outputs())
-        (*rank)[a.ints[i]] = static_cast<int>(node.output(i).rank());
+      layout_free = false;
+  *elementwise = rule && rule->elementwise && layout_free;
+  if (*elementwise) {
+    bool lists = false;
+    for (const ir::Arg& a : node.args()) lists |= a.kind == ir::Arg::Kind::kTensorList;
+    rank->assign(node.inputs().size(), lists ? -1 : static_cast<int>(node.output(0).rank()));
+    for (const ir::Arg& a : node.args()) {
+      if (a.kind != ir::Arg::Kind::kTensorList) continue;
+      for (size_t i = 0; i < a.ints.size(); ++i)
+        if (static_cast<int>(i) < node.num_outputs())
+          (*rank)[a.ints[i]] = static_cast<int>(node.output(i).rank());
+    }
+  }
+  // Shape-valued args (view sizes) would name the unmerged extent: not for those.
+  *lead = rule && layout_free && !rule->local_args && !rule->results.empty() &&
+          rule->operands.size() == node.inputs().size();
+  int f = -1;
+  for (size_t o = 0; *lead && o < rule->results.size(); ++o) {
+    const partition::TensorFactors& r = rule->results[o];
+    if (node.output(o).dtype == DType::kUndefined) continue;
+    if (r.empty() || r[0].size() != 1 || (f >= 0 && r[0][0] != f)) *lead = false;
+    else f = r[0][0];
+  }
+  if (*lead && (f < 0 || rule->factors[f].kind != partition::FactorKind::kPassThrough ||
+                rule->factors[f].windowed))
+    *lead = false;
+  if (!*lead) return;
+  lead_factor->assign(node.inputs().size(), 0);
+  for (size_t i = 0; i < rule->operands.size(); ++i) {
+    const partition::TensorFactors& dims = rule->operands[i];
+    for (size_t d = 0; d < dims.size(); ++d)
+      if (std::find(dims[d].begin(), dims[d].end(), f) != dims[d].end())
+        (*lead_factor)[i] = d == 0 && dims[d].size() == 1 ? 1 : -1;
   }
 }
 
@@ -180,7 +208,7 @@ void Executable::Lower() {
       // Resolve the kernel now, so a missing op fails at compile time.
       ins.view_kernel = ViewKernelFor(n->op());
       ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
-      ElementwiseRanks(*n, &ins.elementwise, &ins.element_rank);
+      RuleFacts(*n, &ins.elementwise, &ins.element_rank, &ins.lead, &ins.lead_factor);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
@@ -415,6 +443,30 @@ bool Executable::CanRunElementwise(const Instruction& ins, const Aligned& a) con
   return true;
 }
 
+bool Executable::CanMergeLead(const Instruction& ins, const Aligned& a) const {
+  if (!ins.lead || ins.view_kernel) return false;
+  for (size_t i = 0; i < a.rows.size(); ++i) {
+    if (ins.mutable_input[i]) return false;  // (batch norm's running stats: one per device)
+    if (a.batched[i] ? ins.lead_factor[i] != 1 : ins.lead_factor[i] != 0) return false;
+  }
+  return true;
+}
+
+std::vector<Stacked> Executable::RunLeadMerged(const Instruction& ins, const Aligned& a,
+                                               const std::vector<ir::ScalarValue>& scalars) const {
+  const int64_t rows = a.map->rows;
+  std::vector<at::Tensor> args(a.rows.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    args[i] = a.batched[i] ? a.rows[i].flatten(0, 1) : a.rows[i];
+    if (ins.contiguous_inputs) args[i] = args[i].contiguous();  // it reads strides
+  }
+  std::vector<at::Tensor> outs = CallKernel(ins, std::move(args), scalars, 0);
+  std::vector<Stacked> results(outs.size());
+  for (size_t o = 0; o < outs.size(); ++o)
+    if (outs[o].defined()) results[o] = Stacked{outs[o].unflatten(0, {rows, -1}), a.map};
+  return results;
+}
+
 std::vector<at::Tensor> Executable::BatchedArgs(const Instruction& ins, const Aligned& a,
                                                 const VmapLevel* level) const {
   const int64_t rows = a.map->rows;
@@ -552,10 +604,13 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
   std::vector<Stacked> results;
   const bool batched = a.map->rows > 1 && !ins.random;
   const bool elementwise = batched && CanRunElementwise(ins, a);
-  if (batched && (elementwise || ins.batch_rule) &&
+  const bool merged = batched && !elementwise && CanMergeLead(ins, a);
+  if (batched && (elementwise || merged || ins.batch_rule) &&
       !unbatchable_[index].load(std::memory_order_relaxed)) {
     try {
-      results = elementwise ? RunElementwise(ins, a, scalars) : RunVmapped(ins, a, scalars);
+      results = elementwise ? RunElementwise(ins, a, scalars)
+                : merged    ? RunLeadMerged(ins, a, scalars)
+                            : RunVmapped(ins, a, scalars);
     } catch (const std::exception&) {
       // It cannot run batched here: run it per row. Only an op that then succeeds is
       // remembered as unbatchable (a genuine error, e.g. an index out of range, rethrows).

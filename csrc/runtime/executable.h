@@ -91,6 +91,12 @@ class Executable {
     // rank of the result it broadcasts into; -1: it must be the same on every device).
     bool elementwise = false;
     std::vector<int> element_rank;
+    // Its rule gives every result a leading pass-through factor: the device dim of the inputs
+    // that start with that factor merges into it (rows [G, n, ...] run as [G * n, ...]), one
+    // plain call, when every input that varies over devices starts with it and no other input
+    // has it (`lead_factor[input]`: 1 starts with it, 0 lacks it, -1 has it elsewhere).
+    bool lead = false;
+    std::vector<int> lead_factor;
     // A folded contraction: the op's result is a partial sum over a summed factor
     // (rule.h, Factor::sums), reaching an all-reduce or reduce-scatter through views only.
     // Run once over each group's members with their tiles of that factor concatenated, it
@@ -132,6 +138,9 @@ class Executable {
                                      const std::vector<ir::ScalarValue>& scalars, int64_t tile,
                                      bool as_view = false) const;
   bool CanRunElementwise(const Instruction& ins, const Aligned& a) const;
+  bool CanMergeLead(const Instruction& ins, const Aligned& a) const;
+  std::vector<Stacked> RunLeadMerged(const Instruction& ins, const Aligned& a,
+                                     const std::vector<ir::ScalarValue>& scalars) const;
   // `rows` of the batched inputs as they are (plain tensors, or BatchedTensors of `level`),
   // unbatched written inputs expanded to one copy per row.
   std::vector<at::Tensor> BatchedArgs(const Instruction& ins, const Aligned& a,
