@@ -17,6 +17,7 @@
 #include "ir/internal_ops.h"
 #include "partition/rules/rule.h"
 #include "runtime/internal_kernels.h"
+#include "runtime/row_merge.h"
 
 namespace spmd::runtime {
 
@@ -64,53 +65,25 @@ const c10::OperatorHandle* ViewKernelFor(const ir::OpInfo* op) {
   return it->second;
 }
 
-// What `node`'s rule says about running it on stacked rows without a batching transform:
-// - elementwise: the local rank each input must have to run stacked as it is, that of the
-//   result it broadcasts into (element i of a list argument into result i; a lone tensor
-//   beside lists must not vary over devices: -1);
-// - a leading pass-through factor that every result starts with: the device dim of the
-//   inputs that start with it too can merge into it (lead_factor[input]: 1 starts with it,
-//   0 lacks it, -1 has it elsewhere).
-void RuleFacts(const ir::Node& node, bool* elementwise, std::vector<int>* rank, bool* lead,
-               std::vector<int>* lead_factor) {
+// Whether `node`'s rule makes it elementwise, and the local rank each input must have to run
+// stacked as it is: that of the result it broadcasts into (element i of a list argument into
+// result i; a lone tensor beside lists must not vary over devices: -1).
+void ElementwiseRanks(const ir::Node& node, bool* elementwise, std::vector<int>* rank) {
   std::optional<partition::ShardingRule> rule = partition::GetRule(node);
-  bool layout_free = true;
+  *elementwise = rule && rule->elementwise;
   for (const ir::Arg& a : node.args())  // channels-last has no meaning for a stacked tensor
     if (a.kind == ir::Arg::Kind::kMemoryFormat &&
         a.i >= static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))
-      layout_free = false;
-  *elementwise = rule && rule->elementwise && layout_free;
-  if (*elementwise) {
-    bool lists = false;
-    for (const ir::Arg& a : node.args()) lists |= a.kind == ir::Arg::Kind::kTensorList;
-    rank->assign(node.inputs().size(), lists ? -1 : static_cast<int>(node.output(0).rank()));
-    for (const ir::Arg& a : node.args()) {
-      if (a.kind != ir::Arg::Kind::kTensorList) continue;
-      for (size_t i = 0; i < a.ints.size(); ++i)
-        if (static_cast<int>(i) < node.num_outputs())
-          (*rank)[a.ints[i]] = static_cast<int>(node.output(i).rank());
-    }
-  }
-  // Shape-valued args (view sizes) would name the unmerged extent: not for those.
-  *lead = rule && layout_free && !rule->local_args && !rule->results.empty() &&
-          rule->operands.size() == node.inputs().size();
-  int f = -1;
-  for (size_t o = 0; *lead && o < rule->results.size(); ++o) {
-    const partition::TensorFactors& r = rule->results[o];
-    if (node.output(o).dtype == DType::kUndefined) continue;
-    if (r.empty() || r[0].size() != 1 || (f >= 0 && r[0][0] != f)) *lead = false;
-    else f = r[0][0];
-  }
-  if (*lead && (f < 0 || rule->factors[f].kind != partition::FactorKind::kPassThrough ||
-                rule->factors[f].windowed))
-    *lead = false;
-  if (!*lead) return;
-  lead_factor->assign(node.inputs().size(), 0);
-  for (size_t i = 0; i < rule->operands.size(); ++i) {
-    const partition::TensorFactors& dims = rule->operands[i];
-    for (size_t d = 0; d < dims.size(); ++d)
-      if (std::find(dims[d].begin(), dims[d].end(), f) != dims[d].end())
-        (*lead_factor)[i] = d == 0 && dims[d].size() == 1 ? 1 : -1;
+      *elementwise = false;
+  if (!*elementwise) return;
+  bool lists = false;
+  for (const ir::Arg& a : node.args()) lists |= a.kind == ir::Arg::Kind::kTensorList;
+  rank->assign(node.inputs().size(), lists ? -1 : static_cast<int>(node.output(0).rank()));
+  for (const ir::Arg& a : node.args()) {
+    if (a.kind != ir::Arg::Kind::kTensorList) continue;
+    for (size_t i = 0; i < a.ints.size(); ++i)
+      if (static_cast<int>(i) < node.num_outputs())
+        (*rank)[a.ints[i]] = static_cast<int>(node.output(i).rank());
   }
 }
 
@@ -208,7 +181,7 @@ void Executable::Lower() {
       // Resolve the kernel now, so a missing op fails at compile time.
       ins.view_kernel = ViewKernelFor(n->op());
       ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
-      RuleFacts(*n, &ins.elementwise, &ins.element_rank, &ins.lead, &ins.lead_factor);
+      ElementwiseRanks(*n, &ins.elementwise, &ins.element_rank);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
@@ -237,6 +210,11 @@ void Executable::Lower() {
         }
         ins.stack.push_back(ConstantIValue(arg));
       }
+      // Merging device rows into a dim: not for ops that write an input (batch norm's running
+      // statistics: one per device) nor for views (their copy is made after).
+      if (!ins.view_kernel && std::find(ins.mutable_input.begin(), ins.mutable_input.end(),
+                                        true) == ins.mutable_input.end())
+        ins.merge = MergeFactorsOf(*n);
     }
     for (int o = 0; o < n->num_outputs(); ++o)
       ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
@@ -443,28 +421,49 @@ bool Executable::CanRunElementwise(const Instruction& ins, const Aligned& a) con
   return true;
 }
 
-bool Executable::CanMergeLead(const Instruction& ins, const Aligned& a) const {
-  if (!ins.lead || ins.view_kernel) return false;
-  for (size_t i = 0; i < a.rows.size(); ++i) {
-    if (ins.mutable_input[i]) return false;  // (batch norm's running stats: one per device)
-    if (a.batched[i] ? ins.lead_factor[i] != 1 : ins.lead_factor[i] != 0) return false;
-  }
-  return true;
-}
-
-std::vector<Stacked> Executable::RunLeadMerged(const Instruction& ins, const Aligned& a,
-                                               const std::vector<ir::ScalarValue>& scalars) const {
-  const int64_t rows = a.map->rows;
-  std::vector<at::Tensor> args(a.rows.size());
+std::vector<Stacked> Executable::RunMerged(const Instruction& ins, const MergePlan& plan,
+                                           const std::vector<const Stacked*>& inputs,
+                                           const std::vector<ir::ScalarValue>& scalars) const {
+  std::vector<at::Tensor> args(inputs.size());
   for (size_t i = 0; i < args.size(); ++i) {
-    args[i] = a.batched[i] ? a.rows[i].flatten(0, 1) : a.rows[i];
+    args[i] = plan.input_dim[i] >= 0 ? MergeRows(inputs[i]->rows, plan.input_dim[i])
+                                     : inputs[i]->Row(0);
     if (ins.contiguous_inputs) args[i] = args[i].contiguous();  // it reads strides
   }
   std::vector<at::Tensor> outs = CallKernel(ins, std::move(args), scalars, 0);
   std::vector<Stacked> results(outs.size());
   for (size_t o = 0; o < outs.size(); ++o)
-    if (outs[o].defined()) results[o] = Stacked{outs[o].unflatten(0, {rows, -1}), a.map};
+    if (outs[o].defined())
+      results[o] = Stacked{SplitRows(outs[o], plan.output_dim[o], plan.group_rows), plan.map};
   return results;
+}
+
+std::optional<std::vector<Stacked>> Executable::RunBatched(
+    const Instruction& ins, const std::vector<const Stacked*>& inputs,
+    const std::vector<ir::ScalarValue>& scalars) const {
+  // Inputs that vary alike align without copies: elementwise ops run on them as they are.
+  RowMapPtr common;
+  bool same = true;
+  for (const Stacked* in : inputs) {
+    if (in->replicated()) continue;
+    if (!common) common = in->map;
+    else same &= SameMap(common, in->map);
+  }
+  std::optional<Aligned> a;
+  if (same) {
+    a = Align(inputs, nullptr);
+    if (CanRunElementwise(ins, *a)) return RunElementwise(ins, *a, scalars);
+  }
+  // Rows merged into dims: one plain call (inputs varying differently need no copies).
+  if (ins.merge.any())
+    if (std::optional<MergePlan> plan = PlanMerge(ins.merge, inputs))
+      return RunMerged(ins, *plan, inputs, scalars);
+  if (!a) {
+    a = Align(inputs, nullptr);  // one row per combination of the inputs' rows (copies)
+    if (CanRunElementwise(ins, *a)) return RunElementwise(ins, *a, scalars);
+  }
+  if (!ins.batch_rule) return std::nullopt;
+  return RunVmapped(ins, *a, scalars);
 }
 
 std::vector<at::Tensor> Executable::BatchedArgs(const Instruction& ins, const Aligned& a,
@@ -600,32 +599,28 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
     return;
   }
   const std::vector<int64_t>* tile_of = tiles.empty() ? nullptr : &tiles;
-  Aligned a = Align(inputs, tile_of);
-  std::vector<Stacked> results;
-  const bool batched = a.map->rows > 1 && !ins.random;
-  const bool elementwise = batched && CanRunElementwise(ins, a);
-  const bool merged = batched && !elementwise && CanMergeLead(ins, a);
-  if (batched && (elementwise || merged || ins.batch_rule) &&
-      !unbatchable_[index].load(std::memory_order_relaxed)) {
+  bool varies = tile_of != nullptr;
+  for (const Stacked* in : inputs) varies |= !in->replicated();
+  std::optional<std::vector<Stacked>> results;
+  if (varies && !ins.random && !unbatchable_[index].load(std::memory_order_relaxed)) {
     try {
-      results = elementwise ? RunElementwise(ins, a, scalars)
-                : merged    ? RunLeadMerged(ins, a, scalars)
-                            : RunVmapped(ins, a, scalars);
+      results = RunBatched(ins, inputs, scalars);
     } catch (const std::exception&) {
       // It cannot run batched here: run it per row. Only an op that then succeeds is
       // remembered as unbatchable (a genuine error, e.g. an index out of range, rethrows).
-      results = RunPerRow(ins, a, scalars, tile_of);
+      results = RunPerRow(ins, Align(inputs, tile_of), scalars, tile_of);
       unbatchable_[index] = true;
       Count("UnbatchedOps");
     }
-  } else {
+  }
+  if (!results) {
     // Once (every device alike), per tile (random), or per row (no batching rule).
-    if (batched) Count("UnbatchedOps");
-    results = RunPerRow(ins, a, scalars, tile_of);
+    if (varies && !ins.random) Count("UnbatchedOps");
+    results = RunPerRow(ins, Align(inputs, tile_of), scalars, tile_of);
   }
   // A view of a summed value (on its way to the reduction) is summed too.
-  if (ins.alias != ViewAlias::kNone && inputs[0]->summed) results[0].summed = true;
-  StoreResults(ins, std::move(results), slots);
+  if (ins.alias != ViewAlias::kNone && inputs[0]->summed) (*results)[0].summed = true;
+  StoreResults(ins, std::move(*results), slots);
 }
 
 void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const {
@@ -714,31 +709,39 @@ std::vector<Stacked> Executable::RunFolded(const Instruction& ins,
                                            const std::vector<const Stacked*>& inputs,
                                            const std::vector<ir::ScalarValue>& scalars) const {
   const Instruction::Fold& fold = *ins.fold;
-  const int64_t groups = static_cast<int64_t>(fold.groups.groups().size());
   const int64_t n = inputs.at(0)->map->num_devices();
-  // Each operand as [G, ...] with its members' tiles of the summed dim side by side.
+  // Each operand as [U, ...] (U distinct groups) with its members' tiles of the summed dim
+  // side by side.
+  Grouped grouped = ByGroup(inputs, fold.groups);
+  const int64_t groups = grouped.group_map->rows;
   std::vector<at::Tensor> rows(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const int64_t dim = fold.dim[i] + 1;  // in [G, *local]
-    rows[i] = RowsByGroup(*inputs[i], fold.groups).movedim(1, dim).flatten(dim, dim + 1);
+    const int64_t dim = fold.dim[i] + 1;  // in [U, *local]
+    rows[i] = grouped.rows[i].movedim(1, dim).flatten(dim, dim + 1);
     if (ins.contiguous_inputs) rows[i] = rows[i].contiguous();
   }
   Stacked result;
-  result.map = GroupRowMap(fold.groups, n);
   if (groups == 1) {
     std::vector<at::Tensor> args(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) args[i] = rows[i].select(0, 0);
     result.single = CallKernel(ins, std::move(args), scalars, 0).at(0);
     result.rows = result.single.unsqueeze(0);
+    result.map = ReplicatedMap(n);
   } else {
-    VmapLevel level(groups);
-    std::vector<at::Tensor> args(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) args[i] = level.Batched(rows[i]);
-    at::Tensor out = CallKernel(ins, std::move(args), scalars, 0).at(0);
-    level.Pop();
-    result.rows = level.Rows(out);
-    SPMD_CHECK(result.rows.defined(), "internal error: folded ", ins.node->op()->qualified,
-               " gave a result that does not vary over its groups");
+    // One row per group: run stacked like any op (an operand alike in every group, a weight
+    // read by each group, passes as it is).
+    const RowMapPtr& map = grouped.group_map;
+    std::vector<Stacked> stacks(rows.size());
+    std::vector<const Stacked*> per_group(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      stacks[i] = rows[i].stride(0) == 0 ? StackReplicated(rows[i].select(0, 0), n)
+                                          : Stacked{rows[i], map};
+      per_group[i] = &stacks[i];
+    }
+    std::optional<std::vector<Stacked>> out = RunBatched(ins, per_group, scalars);
+    SPMD_CHECK(out, "internal error: folded ", ins.node->op()->qualified,
+               " could not run over its groups");
+    result = out->at(0);
   }
   result.summed = true;
   Count("FoldedContractions");

@@ -7,11 +7,13 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "partition/program.h"
 #include "runtime/device_data.h"
 #include "runtime/internal_kernels.h"
+#include "runtime/row_merge.h"
 #include "runtime/stacked.h"
 #include "runtime/vmap_level.h"
 #include "runtime/view_aliasing.h"
@@ -91,12 +93,9 @@ class Executable {
     // rank of the result it broadcasts into; -1: it must be the same on every device).
     bool elementwise = false;
     std::vector<int> element_rank;
-    // Its rule gives every result a leading pass-through factor: the device dim of the inputs
-    // that start with that factor merges into it (rows [G, n, ...] run as [G * n, ...]), one
-    // plain call, when every input that varies over devices starts with it and no other input
-    // has it (`lead_factor[input]`: 1 starts with it, 0 lacks it, -1 has it elsewhere).
-    bool lead = false;
-    std::vector<int> lead_factor;
+    // The factors device rows can merge into (row_merge.h); empty when the op writes an input
+    // or is a view.
+    MergeFactors merge;
     // A folded contraction: the op's result is a partial sum over a summed factor
     // (rule.h, Factor::sums), reaching an all-reduce or reduce-scatter through views only.
     // Run once over each group's members with their tiles of that factor concatenated, it
@@ -138,9 +137,14 @@ class Executable {
                                      const std::vector<ir::ScalarValue>& scalars, int64_t tile,
                                      bool as_view = false) const;
   bool CanRunElementwise(const Instruction& ins, const Aligned& a) const;
-  bool CanMergeLead(const Instruction& ins, const Aligned& a) const;
-  std::vector<Stacked> RunLeadMerged(const Instruction& ins, const Aligned& a,
-                                     const std::vector<ir::ScalarValue>& scalars) const;
+  // Runs an op whose inputs vary over devices in one call, stacked: elementwise, with rows
+  // merged into dims, or under vmap. nullopt: it must run per row (no batching rule).
+  std::optional<std::vector<Stacked>> RunBatched(const Instruction& ins,
+                                                 const std::vector<const Stacked*>& inputs,
+                                                 const std::vector<ir::ScalarValue>& scalars) const;
+  std::vector<Stacked> RunMerged(const Instruction& ins, const MergePlan& plan,
+                                 const std::vector<const Stacked*>& inputs,
+                                 const std::vector<ir::ScalarValue>& scalars) const;
   // `rows` of the batched inputs as they are (plain tensors, or BatchedTensors of `level`),
   // unbatched written inputs expanded to one copy per row.
   std::vector<at::Tensor> BatchedArgs(const Instruction& ins, const Aligned& a,

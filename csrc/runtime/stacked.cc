@@ -79,52 +79,70 @@ RowMapPtr MapOfKeys(const std::vector<int64_t>& keys, int64_t width,
 
 bool SameMap(const RowMapPtr& a, const RowMapPtr& b) { return a == b || *a == *b; }
 
-RowMapPtr GroupRowMap(const MeshGroups& groups, int64_t n) {
-  auto map = std::make_shared<RowMap>();
-  map->row_of.assign(n, 0);
-  map->rows = static_cast<int64_t>(groups.groups().size());
-  for (size_t g = 0; g < groups.groups().size(); ++g)
-    for (int64_t d : groups.groups()[g]) map->row_of[d] = static_cast<int32_t>(g);
-  return map->rows == 1 ? ReplicatedMap(n) : map;
-}
+namespace {
 
-RowMapPtr MemberRowMap(const MeshGroups& groups, int64_t n) {
-  auto map = std::make_shared<RowMap>();
-  map->row_of.assign(n, 0);
-  const int64_t k = groups.group_size();
-  map->rows = static_cast<int64_t>(groups.groups().size()) * k;
-  for (size_t g = 0; g < groups.groups().size(); ++g)
-    for (int64_t i = 0; i < k; ++i)
-      map->row_of[groups.groups()[g][i]] = static_cast<int32_t>(g * k + i);
-  if (map->rows == 1) return ReplicatedMap(n);
-  if (*map == *IdentityMap(n)) return IdentityMap(n);
-  return map;
-}
-
-at::Tensor RowsByGroup(const Stacked& s, const MeshGroups& mesh_groups) {
-  const auto& groups = mesh_groups.groups();
-  const int64_t g_count = static_cast<int64_t>(groups.size()), k = mesh_groups.group_size();
-  const std::vector<int32_t>& row_of = s.map->row_of;
-  const int64_t base = row_of[groups[0][0]];
-  const int64_t sg = g_count > 1 ? row_of[groups[1][0]] - base : 0;
-  const int64_t si = k > 1 ? row_of[groups[0][1]] - base : 0;
-  bool affine = sg >= 0 && si >= 0;
-  for (int64_t g = 0; affine && g < g_count; ++g)
-    for (int64_t i = 0; affine && i < k; ++i) affine = row_of[groups[g][i]] == base + g * sg + i * si;
-  const at::Tensor& rows = s.rows;
-  std::vector<int64_t> sizes{g_count, k};
+// rows.select(0, idx[u][i]) for each (u, i), as [U, k, *local]: a strided view when the
+// indices are affine in (u, i) (regular meshes, values alike over some axis), else a copy.
+at::Tensor RowsAt(const at::Tensor& rows, const std::vector<std::vector<int64_t>>& idx) {
+  const int64_t u_count = static_cast<int64_t>(idx.size()), k = static_cast<int64_t>(idx[0].size());
+  const int64_t base = idx[0][0];
+  const int64_t su = u_count > 1 ? idx[1][0] - base : 0;
+  const int64_t si = k > 1 ? idx[0][1] - base : 0;
+  bool affine = su >= 0 && si >= 0;
+  for (int64_t u = 0; affine && u < u_count; ++u)
+    for (int64_t i = 0; affine && i < k; ++i) affine = idx[u][i] == base + u * su + i * si;
+  std::vector<int64_t> sizes{u_count, k};
   sizes.insert(sizes.end(), rows.sizes().begin() + 1, rows.sizes().end());
   if (affine) {
     const int64_t s0 = rows.stride(0);
-    std::vector<int64_t> strides{sg * s0, si * s0};
+    std::vector<int64_t> strides{su * s0, si * s0};
     strides.insert(strides.end(), rows.strides().begin() + 1, rows.strides().end());
     return rows.as_strided(sizes, strides, rows.storage_offset() + base * s0);
   }
-  std::vector<int64_t> idx;
-  idx.reserve(g_count * k);
+  std::vector<int64_t> flat;
+  flat.reserve(u_count * k);
+  for (const auto& row : idx) flat.insert(flat.end(), row.begin(), row.end());
+  Count("StackedRowGathers");
+  return rows.index_select(0, at::tensor(flat, at::kLong)).view(sizes);
+}
+
+}  // namespace
+
+Grouped ByGroup(const std::vector<const Stacked*>& values, const MeshGroups& mesh_groups) {
+  const auto& groups = mesh_groups.groups();
+  const int64_t k = mesh_groups.group_size();
+  const int64_t n = values.at(0)->map->num_devices();
+  // A group's key: every value's rows on its members. Groups with equal keys compute alike.
+  std::vector<int64_t> keys;
+  keys.reserve(groups.size() * k * values.size());
   for (const auto& group : groups)
-    for (int64_t d : group) idx.push_back(row_of[d]);
-  return rows.index_select(0, at::tensor(idx, at::kLong)).view(sizes);
+    for (const Stacked* v : values)
+      for (int64_t d : group) keys.push_back(v->map->row_of[d]);
+  std::vector<int64_t> representative;  // per distinct group: a group holding it
+  RowMapPtr distinct = MapOfKeys(keys, k * static_cast<int64_t>(values.size()), &representative);
+  const int64_t u_count = distinct->rows;
+  Grouped out;
+  auto group_map = std::make_shared<RowMap>();
+  auto member_map = std::make_shared<RowMap>();
+  group_map->row_of.assign(n, 0);
+  member_map->row_of.assign(n, 0);
+  group_map->rows = u_count;
+  member_map->rows = u_count * k;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t u = distinct->row_of[g];
+      group_map->row_of[groups[g][i]] = u;
+      member_map->row_of[groups[g][i]] = static_cast<int32_t>(u * k + i);
+    }
+  out.group_map = u_count == 1 ? ReplicatedMap(n) : group_map;
+  out.member_map = member_map->rows == 1 ? ReplicatedMap(n) : member_map;
+  for (const Stacked* v : values) {
+    std::vector<std::vector<int64_t>> idx(u_count, std::vector<int64_t>(k));
+    for (int64_t u = 0; u < u_count; ++u)
+      for (int64_t i = 0; i < k; ++i) idx[u][i] = v->map->row_of[groups[representative[u]][i]];
+    out.rows.push_back(RowsAt(v->rows, idx));
+  }
+  return out;
 }
 
 Stacked StackReplicated(const at::Tensor& tensor, int64_t num_devices) {

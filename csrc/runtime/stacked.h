@@ -63,14 +63,17 @@ struct Stacked {
   at::Tensor OfDevice(int64_t device) const { return Row(map->row_of[device]); }
 };
 
-// Maps for a collective's groups: device -> its group's index (one row per group), and
-// device -> g * k + i for member i of group g (one row per device).
-RowMapPtr GroupRowMap(const MeshGroups& groups, int64_t num_devices);
-RowMapPtr MemberRowMap(const MeshGroups& groups, int64_t num_devices);
-// The rows of `s` arranged by group: [G, k, *local], entry (g, i) = the shard of member i of
-// group g. A strided view of the rows when their indices are affine in (g, i) (regular
-// meshes, replicated values), else a gathered copy.
-at::Tensor RowsByGroup(const Stacked& s, const MeshGroups& groups);
+// Values' rows arranged by the groups of a collective over `groups`, one entry per *distinct*
+// group: groups whose members hold the same rows of every value compute the same results, so
+// one of them stands for all (an all-reduce over 'data' of a value alike over 'model' is
+// computed once, and its result is one row, not one per 'model' index).
+struct Grouped {
+  std::vector<at::Tensor> rows;  // per value: [U, k, *local]; entry (u, i) = member i's shard
+  RowMapPtr group_map;           // device -> its distinct group u (U rows)
+  RowMapPtr member_map;          // device -> u * k + its member index (U * k rows)
+};
+// The rows are strided views when regular (a mesh's groups, values alike over some axis).
+Grouped ByGroup(const std::vector<const Stacked*>& values, const MeshGroups& groups);
 
 // A replicated value: `tensor` on every one of `num_devices` devices.
 Stacked StackReplicated(const at::Tensor& tensor, int64_t num_devices);

@@ -33,10 +33,12 @@ struct Call {
   MeshGroups groups;
   const Stacked& x;
   at::Tensor shard;  // one device's input (for checks and byte counts)
+  Grouped by_group;  // x's rows by distinct group
 
   const char* name() const { return node.op()->name.c_str(); }
   int64_t k() const { return groups.group_size(); }
-  int64_t num_groups() const { return static_cast<int64_t>(groups.groups().size()); }
+  int64_t num_groups() const { return by_group.group_map->rows; }  // distinct ones
+  const at::Tensor& rows() const { return by_group.rows[0]; }     // [U, k, *local]
 };
 
 Call Prepare(const ir::Node& node, const std::vector<const Stacked*>& inputs) {
@@ -50,11 +52,12 @@ Call Prepare(const ir::Node& node, const std::vector<const Stacked*>& inputs) {
              " devices but the device set has ", x.map->num_devices());
   ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*node.op(), node.args());
   MeshGroups groups(mesh, attrs.axes);
-  SPMD_CHECK(!x.summed || ((node.op() == ir::InternalOps::Get().all_reduce ||
-                            node.op() == ir::InternalOps::Get().reduce_scatter) &&
-                           attrs.op == ReduceOp::kSum && x.map->rows == groups.groups().size()),
-             "internal error: ", op, " got an already summed input");
-  return Call{node, std::move(attrs), std::move(groups), x, x.Row(0)};
+  const ir::InternalOps& ops = ir::InternalOps::Get();
+  const bool sums = (node.op() == ops.all_reduce || node.op() == ops.reduce_scatter) &&
+                    attrs.op == ReduceOp::kSum;
+  SPMD_CHECK(!x.summed || sums, "internal error: ", op, " got an already summed input");
+  Grouped by_group = ByGroup({&x}, groups);
+  return Call{node, std::move(attrs), std::move(groups), x, x.Row(0), std::move(by_group)};
 }
 
 // The members of each group reduced: [G, *local], in member order as ReduceGroup does. The
@@ -78,17 +81,17 @@ std::vector<Stacked> AllGather(const Call& c) {
   CheckCollectiveExtent("all_gather", "dim", c.shard, dim, DimTiling(size, c.k()).tile_size);
   RecordCollective(CollectiveKind::kAllGather, c.shard);
   // The members' padded tiles side by side: global row j of the dim is at j (padding last).
-  at::Tensor merged = RowsByGroup(c.x, c.groups).movedim(1, dim + 1).flatten(dim + 1, dim + 2);
+  at::Tensor merged = c.rows().movedim(1, dim + 1).flatten(dim + 1, dim + 2);
   if (merged.size(dim + 1) != size) merged = merged.narrow(dim + 1, 0, size);
-  return {Stacked{merged.contiguous(), GroupRowMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{merged.contiguous(), c.by_group.group_map}};
 }
 
 std::vector<Stacked> AllReduce(const Call& c) {
   RecordCollective(CollectiveKind::kAllReduce, c.shard);
   if (c.x.summed) return {Stacked{c.x.rows, c.x.map}};  // computed summed: only counted here
   if (c.k() == 1) return {c.x};  // nothing to reduce; values are immutable
-  return {Stacked{ReduceMembers(RowsByGroup(c.x, c.groups), c.attrs.op),
-                  GroupRowMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{ReduceMembers(c.rows(), c.attrs.op),
+                  c.by_group.group_map}};
 }
 
 std::vector<Stacked> ReduceScatter(const Call& c) {
@@ -96,11 +99,11 @@ std::vector<Stacked> ReduceScatter(const Call& c) {
   CheckCollectiveDim("reduce_scatter", "dim", dim, c.shard);
   CheckCollectiveExtent("reduce_scatter", "dim", c.shard, dim, size);
   RecordCollective(CollectiveKind::kReduceScatter, c.shard);
-  at::Tensor reduced = c.x.summed ? c.x.rows  // computed summed, one row per group
-                                  : ReduceMembers(RowsByGroup(c.x, c.groups), c.attrs.op);
+  // Computed summed (every member holds its group's sum), or summed here.
+  at::Tensor reduced = c.x.summed ? c.rows().select(1, 0) : ReduceMembers(c.rows(), c.attrs.op);
   at::Tensor padded = PadTo(reduced, dim + 1, DimTiling(size, k).tile_size * k);
   return {Stacked{SplitIntoMembers(padded, dim, k).contiguous(),
-                  MemberRowMap(c.groups, c.x.map->num_devices())}};
+                  c.by_group.member_map}};
 }
 
 std::vector<Stacked> AllToAll(const Call& c) {
@@ -113,7 +116,7 @@ std::vector<Stacked> AllToAll(const Call& c) {
   CheckCollectiveExtent("all_to_all", "concat_dim", c.shard, t, DimTiling(a.concat_size, k).tile_size);
   RecordCollective(CollectiveKind::kAllToAll, c.shard);
   // [G, i, *local] with the split dim padded to k tiles and cut: [G, i, .., j, ss, .., cs, ..].
-  at::Tensor x = PadTo(RowsByGroup(c.x, c.groups), s + 2, DimTiling(a.split_size, k).tile_size * k);
+  at::Tensor x = PadTo(c.rows(), s + 2, DimTiling(a.split_size, k).tile_size * k);
   x = x.unflatten(s + 2, {k, x.size(s + 2) / k});
   // Dim positions now: 0 G, 1 i, then the local dims with j inserted before the split tile.
   const int64_t j_pos = s + 2, t_pos = t + 2 + (t > s ? 1 : 0);
@@ -128,7 +131,7 @@ std::vector<Stacked> AllToAll(const Call& c) {
   const int64_t i_pos = std::find(order.begin(), order.end(), 1) - order.begin();
   y = y.flatten(i_pos, i_pos + 1);  // the members' concat tiles side by side
   if (y.size(i_pos) != a.concat_size) y = y.narrow(i_pos, 0, a.concat_size);
-  return {Stacked{y.flatten(0, 1).contiguous(), MemberRowMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{y.flatten(0, 1).contiguous(), c.by_group.member_map}};
 }
 
 // Member dst of every group receives member src's shard ((src, dst) in `pairs`); members
@@ -160,8 +163,8 @@ void CheckPairs(const PermutePairs& pairs, int64_t k) {
 std::vector<Stacked> CollectivePermute(const Call& c) {
   CheckPairs(c.attrs.pairs, c.k());
   RecordCollective(CollectiveKind::kPermute, c.shard);
-  return {Stacked{Permuted(RowsByGroup(c.x, c.groups), c.attrs.pairs, 0.0).flatten(0, 1),
-                  MemberRowMap(c.groups, c.x.map->num_devices())}};
+  return {Stacked{Permuted(c.rows(), c.attrs.pairs, 0.0).flatten(0, 1),
+                  c.by_group.member_map}};
 }
 
 // A result that depends on the input row and on the device's member index: one row per
@@ -237,7 +240,7 @@ std::vector<Stacked> HaloExchange(const Call& c) {
   const int64_t tile = c.shard.size(a.dim), k = c.k(), d = a.dim + 2;
   SPMD_CHECK_VALUE(a.left <= tile && a.right <= tile, "halo_exchange: halos of ", a.left, " and ",
                    a.right, " reach beyond the direct neighbours' tiles of ", tile);
-  at::Tensor x = RowsByGroup(c.x, c.groups);  // [G, k, ...]
+  at::Tensor x = c.rows();  // [G, k, ...]
   // Each edge travels as one collective-permute (none when it is empty or has no neighbour).
   auto edge = [&](int64_t start, int64_t length, int64_t shift) {
     at::Tensor rows = x.narrow(d, start, length);
@@ -251,7 +254,7 @@ std::vector<Stacked> HaloExchange(const Call& c) {
   at::Tensor left = edge(tile - a.left, a.left, +1);  // from the previous member
   at::Tensor right = edge(0, a.right, -1);            // from the next member
   return {Stacked{at::cat({left, x, right}, d).flatten(0, 1),
-                  MemberRowMap(c.groups, c.x.map->num_devices())}};
+                  c.by_group.member_map}};
 }
 
 using Kernel = std::vector<Stacked> (*)(const Call&);

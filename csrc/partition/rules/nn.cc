@@ -78,6 +78,7 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
   for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), out, fo));
   rule.results = {fo};
   if (reduction == kReductionMean) {
+    rule.reads_extents = true;  // it divides by the element count
     rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
       std::vector<LocalValue> r = b.EmitNodeOp(ops);
       r[0] = b.Scale(r[0], LocalFraction(r[0]));

@@ -110,6 +110,11 @@ struct ShardingRule {
   // computed alike: the executor runs such an op once over all devices' stacked shards as it
   // is (runtime/executable.cc), without a batching transform.
   bool elementwise = false;
+  // The op's values depend on the extents of its dims, not only on the elements at each index
+  // (a loss backward with reduction=mean divides by the element count): the executor may not
+  // run several devices' shards as one call with their rows merged into a dim
+  // (runtime/row_merge.h).
+  bool reads_extents = false;
 
   int AddFactor(int64_t size, FactorKind kind = FactorKind::kPassThrough) {
     Factor f;
