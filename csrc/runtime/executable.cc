@@ -268,8 +268,15 @@ void Executable::Lower() {
       if (readers[s].empty() || readers[s].back() != static_cast<int>(i)) readers[s].push_back(i);
   std::vector<bool> is_output(num_slots_, false);
   for (int s : output_slots_) is_output[s] = true;
-  for (size_t i = 0; i < instructions_.size(); ++i)
-    instructions_[i].fold = FoldOf(i, readers, is_output);
+  for (size_t i = 0; i < instructions_.size(); ++i) {
+    Instruction& ins = instructions_[i];
+    bool writes = std::find(ins.mutable_input.begin(), ins.mutable_input.end(), true) !=
+                  ins.mutable_input.end();
+    if (ins.random || writes) continue;
+    ins.fold = FoldPlanOf(*ins.node, [&](int output, const std::vector<int>& axes) {
+      return ReachesReduction(i, output, axes, readers, is_output);
+    });
+  }
 }
 
 const Stacked& Executable::StackIn(SlotValue& value) {
@@ -594,10 +601,11 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
       tiles[d] = tile;
     }
   }
-  if (ins.fold) {
-    StoreResults(ins, RunFolded(ins, inputs, scalars), slots);
-    return;
-  }
+  if (ins.fold)
+    if (std::optional<std::vector<Stacked>> folded = RunFolded(ins, inputs, scalars)) {
+      StoreResults(ins, std::move(*folded), slots);
+      return;
+    }
   const std::vector<int64_t>* tile_of = tiles.empty() ? nullptr : &tiles;
   bool varies = tile_of != nullptr;
   for (const Stacked* in : inputs) varies |= !in->replicated();
@@ -642,110 +650,58 @@ void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& s
   for (size_t o = 0; o < outs.size(); ++o) slots[ins.outputs[o]] = SlotValue{std::move(outs[o]), {}};
 }
 
-std::shared_ptr<const Executable::Instruction::Fold> Executable::FoldOf(
-    size_t index, const std::vector<std::vector<int>>& readers,
-    const std::vector<bool>& is_output) const {
-  const Instruction& ins = instructions_[index];
-  const ir::Node& node = *ins.node;
-  if (node.op()->internal || ins.random || node.num_outputs() != 1 || node.shardings().empty())
-    return nullptr;
-  for (bool m : ins.mutable_input)
-    if (m) return nullptr;
-  const Sharding& layout = node.shardings()[0];
-  if (!layout.valid() || !layout.IsPartial() || layout.partial_op() != ReduceOp::kSum)
-    return nullptr;
-  // The one summed factor the result does not have, and each operand's dim made of it alone.
-  std::optional<partition::ShardingRule> rule = partition::GetRule(node);
-  if (!rule || rule->operands.size() != node.inputs().size() || rule->results.size() != 1)
-    return nullptr;
-  std::vector<bool> in_result(rule->factors.size(), false);
-  for (const partition::DimFactors& dim : rule->results[0])
-    for (int f : dim) in_result[f] = true;
-  int summed = -1;
-  for (size_t f = 0; f < rule->factors.size(); ++f) {
-    if (in_result[f] || rule->factors[f].kind != partition::FactorKind::kReduction) continue;
-    if (!rule->factors[f].sums || summed >= 0) return nullptr;
-    summed = static_cast<int>(f);
-  }
-  if (summed < 0) return nullptr;
-  auto fold = std::make_shared<Instruction::Fold>(Instruction::Fold{
-      MeshGroups(layout.mesh(), std::vector<int>(layout.partial_axes().begin(),
-                                                 layout.partial_axes().end())),
-      {}});
-  for (const partition::TensorFactors& operand : rule->operands) {
-    int dim = -1;
-    for (size_t d = 0; d < operand.size(); ++d) {
-      const partition::DimFactors& f = operand[d];
-      if (std::find(f.begin(), f.end(), summed) == f.end()) continue;
-      if (f.size() != 1 || dim >= 0) return nullptr;
-      dim = static_cast<int>(d);
-    }
-    if (dim < 0) return nullptr;  // an operand not summed over (a bias)
-    fold->dim.push_back(dim);
-  }
-  // Views only, each read once, up to the reduction of exactly those axes.
-  int slot = ins.outputs[0];
+bool Executable::ReachesReduction(size_t index, int output, const std::vector<int>& axes,
+                                  const std::vector<std::vector<int>>& readers,
+                                  const std::vector<bool>& is_output) const {
+  int slot = instructions_[index].outputs[output];
   while (!is_output[slot] && readers[slot].size() == 1) {
     const Instruction& next = instructions_[readers[slot][0]];
     if (next.node->op()->internal) {
       const ir::InternalOps& ops = ir::InternalOps::Get();
       if (next.node->op() != ops.all_reduce && next.node->op() != ops.reduce_scatter)
-        return nullptr;
+        return false;
       ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*next.node->op(), next.node->args());
-      std::vector<int> axes(attrs.axes.begin(), attrs.axes.end());
-      std::sort(axes.begin(), axes.end());
-      const bool same = attrs.op == ReduceOp::kSum && next.stacked_kernel &&
-                        axes == std::vector<int>(layout.partial_axes().begin(),
-                                                 layout.partial_axes().end());
-      return same ? fold : nullptr;
+      std::vector<int> reduced(attrs.axes.begin(), attrs.axes.end());
+      std::sort(reduced.begin(), reduced.end());
+      return attrs.op == ReduceOp::kSum && next.stacked_kernel && reduced == axes;
     }
-    if (next.alias == ViewAlias::kNone) return nullptr;
+    if (next.alias == ViewAlias::kNone) return false;
     slot = next.outputs[0];
   }
-  return nullptr;
+  return false;
 }
 
-std::vector<Stacked> Executable::RunFolded(const Instruction& ins,
-                                           const std::vector<const Stacked*>& inputs,
-                                           const std::vector<ir::ScalarValue>& scalars) const {
-  const Instruction::Fold& fold = *ins.fold;
-  const int64_t n = inputs.at(0)->map->num_devices();
-  // Each operand as [U, ...] (U distinct groups) with its members' tiles of the summed dim
-  // side by side.
-  Grouped grouped = ByGroup(inputs, fold.groups);
-  const int64_t groups = grouped.group_map->rows;
-  std::vector<at::Tensor> rows(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const int64_t dim = fold.dim[i] + 1;  // in [U, *local]
-    rows[i] = grouped.rows[i].movedim(1, dim).flatten(dim, dim + 1);
-    if (ins.contiguous_inputs) rows[i] = rows[i].contiguous();
-  }
-  Stacked result;
-  if (groups == 1) {
+std::optional<std::vector<Stacked>> Executable::RunFolded(
+    const Instruction& ins, const std::vector<const Stacked*>& inputs,
+    const std::vector<ir::ScalarValue>& scalars) const {
+  std::optional<FoldedOperands> folded = FoldOperands(*ins.fold, inputs);
+  if (!folded) return std::nullopt;
+  const RowMapPtr& map = folded->grouped.group_map;
+  const int64_t n = map->num_devices();
+  std::vector<at::Tensor>& rows = folded->rows;  // [U, ...] per operand
+  if (ins.contiguous_inputs)
+    for (at::Tensor& r : rows) r = r.contiguous();
+  std::vector<Stacked> per_group;
+  if (map->rows == 1) {
     std::vector<at::Tensor> args(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) args[i] = rows[i].select(0, 0);
-    result.single = CallKernel(ins, std::move(args), scalars, 0).at(0);
-    result.rows = result.single.unsqueeze(0);
-    result.map = ReplicatedMap(n);
+    for (at::Tensor& out : CallKernel(ins, std::move(args), scalars, 0))
+      per_group.push_back(out.defined() ? StackReplicated(out, n) : Stacked{});
   } else {
     // One row per group: run stacked like any op (an operand alike in every group, a weight
     // read by each group, passes as it is).
-    const RowMapPtr& map = grouped.group_map;
     std::vector<Stacked> stacks(rows.size());
-    std::vector<const Stacked*> per_group(rows.size());
+    std::vector<const Stacked*> per_operand(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       stacks[i] = rows[i].stride(0) == 0 ? StackReplicated(rows[i].select(0, 0), n)
                                           : Stacked{rows[i], map};
-      per_group[i] = &stacks[i];
+      per_operand[i] = &stacks[i];
     }
-    std::optional<std::vector<Stacked>> out = RunBatched(ins, per_group, scalars);
-    SPMD_CHECK(out, "internal error: folded ", ins.node->op()->qualified,
-               " could not run over its groups");
-    result = out->at(0);
+    std::optional<std::vector<Stacked>> out = RunBatched(ins, per_operand, scalars);
+    per_group = out ? std::move(*out) : RunPerRow(ins, Align(per_operand, nullptr), scalars, nullptr);
   }
-  result.summed = true;
   Count("FoldedContractions");
-  return {result};
+  return UnfoldResults(*ins.fold, folded->grouped, per_group);
 }
 
 bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {

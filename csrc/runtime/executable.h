@@ -12,6 +12,7 @@
 
 #include "partition/program.h"
 #include "runtime/device_data.h"
+#include "runtime/fold.h"
 #include "runtime/internal_kernels.h"
 #include "runtime/row_merge.h"
 #include "runtime/stacked.h"
@@ -96,15 +97,8 @@ class Executable {
     // The factors device rows can merge into (row_merge.h); empty when the op writes an input
     // or is a view.
     MergeFactors merge;
-    // A folded contraction: the op's result is a partial sum over a summed factor
-    // (rule.h, Factor::sums), reaching an all-reduce or reduce-scatter through views only.
-    // Run once over each group's members with their tiles of that factor concatenated, it
-    // computes the sum itself (Stacked::summed); the collective then only splits and counts.
-    struct Fold {
-      MeshGroups groups;     // the pending reduction's
-      std::vector<int> dim;  // per node input: its dim made of the summed factor
-    };
-    std::shared_ptr<const Fold> fold;
+    // A folded contraction (fold.h): its summed results are computed summed.
+    std::shared_ptr<const FoldPlan> fold;
     const InternalKernel* internal_kernel = nullptr;  // spmd:: and xm:: ops
     const StackedKernel* stacked_kernel = nullptr;    // spmd:: ops: preferred
   };
@@ -123,12 +117,16 @@ class Executable {
   };
 
   void Lower();
-  // The Fold of instruction `index`, or null (see Instruction::fold).
-  std::shared_ptr<const Instruction::Fold> FoldOf(
-      size_t index, const std::vector<std::vector<int>>& readers,
-      const std::vector<bool>& is_output) const;
-  std::vector<Stacked> RunFolded(const Instruction& ins, const std::vector<const Stacked*>& inputs,
-                                 const std::vector<ir::ScalarValue>& scalars) const;
+  // Whether output `output` of instruction `index` reaches an all-reduce or reduce-scatter
+  // (sum) over exactly `axes` through views only, each read once.
+  bool ReachesReduction(size_t index, int output, const std::vector<int>& axes,
+                        const std::vector<std::vector<int>>& readers,
+                        const std::vector<bool>& is_output) const;
+  // nullopt: this run's inputs do not fold (an operand the factor's tiles do not cover differs
+  // between the members of a group); the op then runs as any other.
+  std::optional<std::vector<Stacked>> RunFolded(const Instruction& ins,
+                                                const std::vector<const Stacked*>& inputs,
+                                                const std::vector<ir::ScalarValue>& scalars) const;
   static const Stacked& StackIn(SlotValue& value);
   Aligned Align(const std::vector<const Stacked*>& inputs, const std::vector<int64_t>* tiles) const;
   // One kernel call on `args` (one tensor per node input): the results, one per node output

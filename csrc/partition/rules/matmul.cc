@@ -30,7 +30,7 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   }
   int i = rule.AddFactor(a.shape[a.rank() - 2]);
   int k = rule.AddFactor(a.shape.back(), FactorKind::kReduction);
-  rule.factors[k].sums = true;
+  rule.factors[k].sums = bias < 0;  // a bias is added once, not once per tile of k
   int j = rule.AddFactor(b.shape.back());
   fa.insert(fa.end(), {{i}, {k}});
   fb.insert(fb.end(), {{k}, {j}});

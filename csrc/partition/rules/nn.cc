@@ -163,6 +163,8 @@ std::optional<ShardingRule> LayerNorm(const ir::Node& node, bool backward) {
   for (int64_t d = 0; d < input.rank(); ++d) {
     if (d < batch_dims) {
       int f = rule.AddFactor(input.shape[d], backward ? FactorKind::kReduction : FactorKind::kPassThrough);
+      // Backward: the weight and bias gradients sum over the rows, the input's passes them.
+      rule.factors[f].sums = backward;
       batch.push_back(f);
       fin.push_back({f});
       fstat.push_back({f});
@@ -213,8 +215,10 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   bool scale_by_freq = BoolArg(node, ArgIndex(node, "scale_grad_by_freq"), false);
   ShardingRule rule;
   TensorFactors fi;
-  for (int64_t size : indices.shape)
+  for (int64_t size : indices.shape) {
     fi.push_back({rule.AddFactor(size, scale_by_freq ? FactorKind::kNeedReplication : FactorKind::kReduction)});
+    rule.factors[fi.back()[0]].sums = !scale_by_freq;  // each position adds into the table
+  }
   int d = rule.AddFactor(grad.shape.back());
   int v = rule.AddFactor(node.output(0).shape[0], FactorKind::kNeedReplication);
   TensorFactors fg = fi;

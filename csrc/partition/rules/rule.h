@@ -48,11 +48,12 @@ struct Factor {
   // Independent iteration spaces within one op (the elements of a list op such as
   // _foreach_add): a mesh axis shards at most one factor of each group. Default: one group.
   int group = 0;
-  // Reduction factors only: the op adds up its terms over this factor (a contraction, a sum;
-  // not a mean, a norm or a max), and every operand containing it is linear in it. So the op
-  // on operands whose tiles of this factor are concatenated equals the sum of the op on each
-  // tile: the executor computes a partial result that an all-reduce or reduce-scatter then
-  // sums in one such call (runtime/executable.cc, folded contractions).
+  // Reduction factors only: the op adds up its terms over this factor (a contraction, a sum, a
+  // layer norm's weight gradient; not a mean, a norm, a max, nor addmm's contraction, whose
+  // bias is added once). So the op on operands whose tiles of this factor are concatenated
+  // gives, for each result without the factor, the sum of its values on each tile, and for
+  // each result with it, those values side by side: the executor computes a partial result
+  // that an all-reduce or reduce-scatter then sums in one such call (runtime/fold.h).
   bool sums = false;
 };
 
