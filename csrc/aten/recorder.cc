@@ -56,6 +56,10 @@ class ArgConverter {
     meta_.reserve(args.size());
     impls_.assign(args.size(), nullptr);
     for (size_t i = 0; i < args.size(); ++i) Convert(i, args[i]);
+    // A Scalar's value sets the output shape only of an op that reads no tensor (arange's
+    // ends); elsewhere only its kind counts (type promotion). So an optimizer's per-step
+    // scalars (Adam's bias-corrected step sizes) keep hitting the shape cache.
+    if (!reads_tensor_) Mix(scalar_values_);
   }
 
   std::vector<ir::Value> inputs;
@@ -93,6 +97,10 @@ class ArgConverter {
       Mix(1);
       return;
     }
+    const bool tensor_arg = schema.type == ir::ArgType::kTensor ||
+                            schema.type == ir::ArgType::kTensorList ||
+                            schema.type == ir::ArgType::kOptionalTensorList;
+    if (tensor_arg && !schema.is_write) reads_tensor_ = true;
     switch (schema.type) {
       case ir::ArgType::kTensor: {
         c10::IValue meta;
@@ -143,7 +151,9 @@ class ArgConverter {
       case ir::ArgType::kScalar: {
         if (v.isComplexDouble()) unsupported = true;
         Arg a = unsupported ? Arg::None() : ScalarArg(v.toScalar());
-        Mix(a.is_scalar() ? HashCombine(HashInt(a.i), HashDouble(a.d)) : 3);
+        Mix(HashInt(static_cast<int64_t>(a.kind)));
+        if (a.is_scalar())
+          scalar_values_ = HashCombine(scalar_values_, HashCombine(HashInt(a.i), HashDouble(a.d)));
         args_.push_back(a);
         meta_.push_back(v);
         return;
@@ -290,6 +300,8 @@ class ArgConverter {
   }
 
   bool deferred_meta_ = false;
+  bool reads_tensor_ = false;    // a tensor argument the op does not write
+  uint64_t scalar_values_ = 0;   // of its Scalar arguments
   const OpPlan& plan_;
   std::vector<Arg> args_;
   std::vector<c10::IValue> meta_;

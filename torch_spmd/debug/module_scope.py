@@ -21,6 +21,7 @@ from .. import _C
 
 _state = threading.local()
 _names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_descendants: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 _handles: List[RemovableHandle] = []
 _end_of_backward_queued = [False]
 
@@ -40,10 +41,25 @@ def _path_of(module: torch.nn.Module, parent: Optional[Tuple["weakref.ref", str]
     parent_module = parent_ref()
     if parent_module is None:
         return _names.get(module, type(module).__name__)
-    for rel, m in parent_module.named_modules():
-        if m is module and rel:
-            return f"{parent_path}.{rel}" if parent_path else rel
-    return _names.get(module, type(module).__name__)
+    rel = _relative_path(parent_module, module)
+    if rel is None:
+        return _names.get(module, type(module).__name__)
+    return f"{parent_path}.{rel}" if parent_path else rel
+
+
+def _relative_path(parent: torch.nn.Module, module: torch.nn.Module) -> Optional[str]:
+    """`module`'s path among `parent`'s descendants, or None. Memoized per parent (a forward
+    runs every module each step; walking the tree each time cost milliseconds per step), and
+    walked again when the module is not found there (the tree changed)."""
+    paths = _descendants.get(parent)
+    entry = paths.get(id(module)) if paths is not None else None
+    if entry is None or entry[0]() is not module:
+        paths = {id(m): (weakref.ref(m), rel) for rel, m in parent.named_modules() if rel}
+        _descendants[parent] = paths
+        entry = paths.get(id(module))
+        if entry is None:
+            return None
+    return entry[1]
 
 
 def _is_spmd(t) -> bool:
@@ -51,8 +67,21 @@ def _is_spmd(t) -> bool:
 
 
 def _grad_tensors(x) -> List[torch.Tensor]:
+    if isinstance(x, torch.Tensor):  # the common case, without a pytree walk
+        return [x] if _is_spmd(x) and x.requires_grad else []
+    if isinstance(x, tuple) and len(x) == 1 and isinstance(x[0], torch.Tensor):
+        return _grad_tensors(x[0])
     from torch.utils._pytree import tree_leaves
     return [t for t in tree_leaves(x) if _is_spmd(t) and t.requires_grad]
+
+
+def _on_first_grad(tensors: List[torch.Tensor], hook) -> None:
+    """Calls `hook` when the first of `tensors`' gradients is ready (a plain tensor hook for one
+    tensor: what a multi-grad hook in "any" mode registers, without its bookkeeping)."""
+    if len(tensors) == 1:
+        tensors[0].register_hook(lambda grad: hook(None))
+    else:
+        torch.autograd.graph.register_multi_grad_hook(tensors, hook, mode="any")
 
 
 def _set(path: str) -> None:
@@ -96,10 +125,10 @@ def _post_forward(module, args, output):
     path = _names.get(module, "")
     outs = _grad_tensors(output)
     if outs:  # the module's backward starts when its outputs' gradients are ready
-        torch.autograd.graph.register_multi_grad_hook(outs, _backward_scope(path), mode="any")
+        _on_first_grad(outs, _backward_scope(path))
     ins = _grad_tensors(args)
     if ins and stack:  # ... and ends when its inputs' are: back to the parent's backward
-        torch.autograd.graph.register_multi_grad_hook(ins, _backward_scope(parent), mode="any")
+        _on_first_grad(ins, _backward_scope(parent))
 
 
 def _pre_step(optimizer, args, kwargs):
