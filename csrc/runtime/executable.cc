@@ -252,7 +252,8 @@ void Executable::Lower() {
                   ins.mutable_input.end();
     if (ins.node->op()->internal || writes) continue;
     ins.alias = ViewAliasOf(*ins.node);
-    if (ins.alias == ViewAlias::kPermute && !strided_ok[ins.outputs[0]])
+    if ((ins.alias == ViewAlias::kPermute || ins.alias == ViewAlias::kSubset) &&
+        !strided_ok[ins.outputs[0]])
       ins.alias = ViewAlias::kNone;
     // A view (a reshape or transpose: all of its input's bytes) that dies before its input,
     // and stays inside the program, holds nothing of its own: it is the input's memory seen
@@ -707,20 +708,30 @@ std::optional<std::vector<Stacked>> Executable::RunFolded(
 bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
   int in = ins.inputs[0];
   SlotValue& input = slots[in];
+  const Stacked& s = StackIn(input);
+  // A reshape views each row, so each row must be contiguous (rows alike: check one).
+  if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
+  SlotValue out;
+  out.stack = Stacked{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
+  out.stack.summed = s.summed;
   const bool dies = std::find(ins.free_after.begin(), ins.free_after.end(), in) != ins.free_after.end();
-  if (!dies) {
-    if (!ins.share_input) return false;  // it would outlive its input's bytes: copy
-    const Stacked& s = StackIn(input);
-    if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
-    SlotValue out;
-    out.stack = Stacked{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
-    out.stack.summed = s.summed;
+  if (!dies && ins.share_input) {  // the input's bytes hold it: nothing to charge
     out.buffers = UnchargedBuffersOf(out.stack);
-    slots[ins.outputs[0]] = std::move(out);
     Count("SharedViews");
-    return true;
+  } else if (dies && ins.alias != ViewAlias::kSubset && CanTakeOver(input)) {
+    // The input dies here: the view takes over its bytes.
+    out.buffers = BuffersOf(out.stack, ins.labels[0], &input.buffers, /*views=*/false);
+    Count("AliasedViews");
+  } else {
+    // Borrowed: the input's host memory, charged as the copy it stands for (view_aliasing.h).
+    out.buffers = BuffersOf(out.stack, ins.labels[0], nullptr, /*views=*/false);
+    Count("BorrowedViews");
   }
-  // The input dies here: the view takes over its bytes, if nobody else holds them.
+  slots[ins.outputs[0]] = std::move(out);
+  return true;
+}
+
+bool Executable::CanTakeOver(const SlotValue& input) {
   for (const BufferPtr& b : input.buffers) {
     // (An uncharged input, itself a shared view, has no bytes to hand over.)
     if (!b || !b->alloc.active()) return false;
@@ -731,17 +742,6 @@ bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& s
       own += !b.owner_before(other) && !other.owner_before(b);
     if (b.use_count() != own) return false;
   }
-  const Stacked& s = StackIn(input);
-  // A reshape views each row, so each row must be contiguous (rows alike: check one).
-  if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
-  Stacked view{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
-  view.summed = s.summed;
-  SlotValue out;
-  // The bytes move with the data.
-  out.buffers = BuffersOf(view, ins.labels[0], &input.buffers, /*views=*/false);
-  out.stack = std::move(view);
-  slots[ins.outputs[0]] = std::move(out);
-  Count("AliasedViews");
   return true;
 }
 

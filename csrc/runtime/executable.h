@@ -157,7 +157,11 @@ class Executable {
   void RunAtenOp(size_t index, std::vector<SlotValue>& slots,
                  const std::vector<ir::ScalarValue>& scalars) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  // A view op without a copy (view_aliasing.h): shares, takes over or borrows its input's
+  // bytes. False when it must copy (a reshape of a strided value).
   bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  // Whether `input`'s allocations can move to a view of it (no one else holds its buffers).
+  static bool CanTakeOver(const SlotValue& input);
   // Stores `results` (one per node output) as the instruction's output slots, each device
   // charging its shard, after checking them against the program's types.
   void StoreResults(const Instruction& ins, std::vector<Stacked> results,

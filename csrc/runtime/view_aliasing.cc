@@ -39,6 +39,7 @@ ViewAlias ViewAliasOf(const ir::Node& node) {
   const TensorType& out = node.output(0);
   if (in.dtype != out.dtype) return ViewAlias::kNone;
   if (PermuteOps().count(op->name)) return ViewAlias::kPermute;
+  if (op->name == "aten::select_copy") return ViewAlias::kSubset;
   if (!ReinterpretOps().count(op->name) || NumElements(in.shape) != NumElements(out.shape))
     return ViewAlias::kNone;
   // slice / expand: only the identity (same shape) is a plain view of the whole input.
@@ -71,6 +72,11 @@ at::Tensor AliasedView(const ir::Node& node, ViewAlias kind, const at::Tensor& i
   const int64_t rank = input.dim() - batch_dims;
   auto dim = [&](int64_t d) { return (d < 0 ? d + rank : d) + batch_dims; };
   const std::string& name = node.op()->name;
+  if (name == "aten::select_copy") {  // (self, dim, index)
+    const int64_t d = dim(node.args().at(1).i);
+    const int64_t index = node.args().at(2).i;
+    return input.select(d, index < 0 ? index + input.size(d) : index);
+  }
   if (name == "aten::t_copy") return rank < 2 ? input : input.transpose(batch_dims, batch_dims + 1);
   if (name == "aten::transpose_copy")
     return input.transpose(dim(node.args().at(1).i), dim(node.args().at(2).i));

@@ -12,7 +12,13 @@
 // Reinterpreting views (reshape-like) need a contiguous input and give a contiguous result.
 // Permuting views (t, transpose, permute) give a strided result, allowed only where every
 // reader is an ATen kernel that accepts any strides (not a stride-reinterpreting op, not an
-// internal spmd kernel) and the value does not leave the program.
+// internal spmd kernel) and the value does not leave the program. Subset views (select) are
+// strided too, and see only part of their input's bytes: they never take those bytes over.
+//
+// A view that outlives its input's last reader, or cannot take its bytes over, borrows
+// them: it reads the input's host memory and charges its own bytes to each device, as the
+// copy it stands for would. Values are immutable (a kernel writing an input writes a clone),
+// so sharing host memory is never observable.
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -20,7 +26,7 @@
 
 namespace spmd::runtime {
 
-enum class ViewAlias { kNone, kReinterpret, kPermute };
+enum class ViewAlias { kNone, kReinterpret, kPermute, kSubset };
 
 // How `node` (an ATen view-as-copy op with one tensor input and one output) can alias its
 // input, judging from the op and its static shapes.

@@ -152,6 +152,28 @@ def test_gpt_step_batches_every_op_but_the_loss():
 # views and memory
 
 
+def test_select_outliving_its_input_borrows_its_bytes_and_charges_them():
+    # q = (x * 2).select(1, 0) is read by its matmul after the last reader of x * 2 (its sum):
+    # q borrows those bytes (no copy) and charges its own, as the copy it stands for would.
+    ensure_devices()
+    mesh = mesh_of((8,))
+    xh, wh = T(64, 3, 16, seed=21), T(16, 4, seed=22)
+    x = to_device(xh, mesh, ("x", None, None))
+    w = to_device(wh, mesh, None)
+    step([])
+
+    def f(x, w):
+        doubled = x * 2
+        q = doubled.select(1, 0)
+        return (doubled.sum(1) * 0 + 1).sum() + (q @ w).sum()
+
+    metrics.clear_counters()
+    y = f(x, w)  # (its intermediates are gone: not outputs of the step)
+    step([y])
+    assert (metrics.counter_value("BorrowedViews") or 0) == 1
+    torch.testing.assert_close(y.cpu(), f(xh, wh))
+
+
 def test_transposed_weight_shares_its_bytes_and_memory_is_exact():
     # w.t() feeding mm dies before w (read again by the sum): it is w's memory seen
     # transposed (no copy, no charge). Each device's peak above what it held before the step:
