@@ -10,14 +10,6 @@ namespace spmd::runtime {
 
 namespace {
 
-// The dim of `dims` made of factor f alone, -1 when f is absent, -2 when f shares a dim.
-int DimOf(const partition::TensorFactors& dims, int f) {
-  for (size_t d = 0; d < dims.size(); ++d)
-    if (std::find(dims[d].begin(), dims[d].end(), f) != dims[d].end())
-      return dims[d].size() == 1 ? static_cast<int>(d) : -2;
-  return -1;
-}
-
 // The plan folding factor f, or null.
 std::shared_ptr<const FoldPlan> PlanFor(
     const ir::Node& node, const partition::ShardingRule& rule, int f,
@@ -26,7 +18,7 @@ std::shared_ptr<const FoldPlan> PlanFor(
   std::optional<std::vector<int>> axes;  // of the summed results' pending reduction
   for (int o = 0; o < node.num_outputs(); ++o) {
     if (node.output(o).dtype == DType::kUndefined) continue;
-    const int d = DimOf(rule.results[o], f);
+    const int d = partition::DimOfFactor(rule.results[o], f);
     if (d == -2) return nullptr;
     const Sharding& layout = node.shardings()[o];
     const bool partial = layout.valid() && layout.IsPartial();
@@ -47,7 +39,7 @@ std::shared_ptr<const FoldPlan> PlanFor(
   std::vector<int> operand_dim(node.inputs().size());
   bool any = false;
   for (size_t i = 0; i < operand_dim.size(); ++i) {
-    operand_dim[i] = DimOf(rule.operands[i], f);
+    operand_dim[i] = partition::DimOfFactor(rule.operands[i], f);
     if (operand_dim[i] == -2) return nullptr;
     any |= operand_dim[i] >= 0;
   }

@@ -9,18 +9,6 @@
 
 namespace spmd::runtime {
 
-namespace {
-
-// The dim of `dims` made of factor f alone, -1 when f is absent, -2 when f shares a dim.
-int DimOf(const partition::TensorFactors& dims, int f) {
-  for (size_t d = 0; d < dims.size(); ++d)
-    if (std::find(dims[d].begin(), dims[d].end(), f) != dims[d].end())
-      return dims[d].size() == 1 ? static_cast<int>(d) : -2;
-  return -1;
-}
-
-}  // namespace
-
 MergeFactors MergeFactorsOf(const ir::Node& node) {
   MergeFactors out;
   std::optional<partition::ShardingRule> rule = partition::GetRule(node);
@@ -40,12 +28,12 @@ MergeFactors MergeFactorsOf(const ir::Node& node) {
     bool in_every_result = true;
     for (int o = 0; o < node.num_outputs() && in_every_result; ++o) {
       if (node.output(o).dtype == DType::kUndefined) continue;
-      outputs[o] = DimOf(rule->results[o], static_cast<int>(f));
+      outputs[o] = partition::DimOfFactor(rule->results[o], static_cast<int>(f));
       in_every_result = outputs[o] >= 0;
     }
     if (!in_every_result) continue;
     std::vector<int> inputs(node.inputs().size());
-    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = DimOf(rule->operands[i], static_cast<int>(f));
+    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = partition::DimOfFactor(rule->operands[i], static_cast<int>(f));
     out.input_dim.push_back(std::move(inputs));
     out.output_dim.push_back(std::move(outputs));
   }

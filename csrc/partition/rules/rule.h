@@ -60,6 +60,14 @@ struct Factor {
 using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor
 using TensorFactors = std::vector<DimFactors>;  // one entry per tensor dim
 
+// The dim of `dims` made of factor f alone, -1 when f is absent, -2 when f shares a dim.
+inline int DimOfFactor(const TensorFactors& dims, int f) {
+  for (size_t d = 0; d < dims.size(); ++d)
+    for (int g : dims[d])
+      if (g == f) return dims[d].size() == 1 ? static_cast<int>(d) : -2;
+  return -1;
+}
+
 class LocalBuilder;
 struct LocalValue;
 
