@@ -153,6 +153,11 @@ Executable::Executable(partition::Program program) : program_(std::move(program)
 
 Executable::~Executable() = default;
 
+bool Executable::WritesAnInput(const Instruction& ins) {
+  return std::find(ins.mutable_input.begin(), ins.mutable_input.end(), true) !=
+         ins.mutable_input.end();
+}
+
 void Executable::Lower() {
   std::unordered_map<const ir::Node*, int> first_slot;  // node -> slot of its output 0
   for (const ir::NodePtr& n : program_.nodes) {
@@ -248,14 +253,12 @@ void Executable::Lower() {
       for (int s : ins.inputs) strided_ok[s] = false;
   }
   for (auto& ins : instructions_) {
-    bool writes = std::find(ins.mutable_input.begin(), ins.mutable_input.end(), true) !=
-                  ins.mutable_input.end();
-    if (ins.node->op()->internal || writes) continue;
+    if (ins.node->op()->internal || WritesAnInput(ins)) continue;
     ins.alias = ViewAliasOf(*ins.node);
     if ((ins.alias == ViewAlias::kPermute || ins.alias == ViewAlias::kSubset) &&
         !strided_ok[ins.outputs[0]])
       ins.alias = ViewAlias::kNone;
-    // A view (a reshape or transpose: all of its input's bytes) that dies before its input,
+    // A view (a reshape, transpose or select of its input's bytes) that dies before its input,
     // and stays inside the program, holds nothing of its own: it is the input's memory seen
     // differently, as XLA's bitcasts and transposes folded into their consumer are.
     const int base = ins.inputs.empty() ? -1 : ins.inputs[0], view = ins.outputs[0];
@@ -271,9 +274,7 @@ void Executable::Lower() {
   for (int s : output_slots_) is_output[s] = true;
   for (size_t i = 0; i < instructions_.size(); ++i) {
     Instruction& ins = instructions_[i];
-    bool writes = std::find(ins.mutable_input.begin(), ins.mutable_input.end(), true) !=
-                  ins.mutable_input.end();
-    if (ins.random || writes) continue;
+    if (ins.random || WritesAnInput(ins)) continue;
     ins.fold = FoldPlanOf(*ins.node, [&](int output, const std::vector<int>& axes) {
       return ReachesReduction(i, output, axes, readers, is_output);
     });

@@ -117,6 +117,7 @@ class Executable {
   };
 
   void Lower();
+  static bool WritesAnInput(const Instruction& ins);
   // Whether output `output` of instruction `index` reaches an all-reduce or reduce-scatter
   // (sum) over exactly `axes` through views only, each read once.
   bool ReachesReduction(size_t index, int output, const std::vector<int>& axes,

@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
-
 #include "partition/rules/rule.h"
 
 namespace spmd::runtime {
