@@ -9,6 +9,7 @@
 #include "partition/factor_assignment.h"
 #include "partition/local_builder.h"
 #include "partition/propagate.h"
+#include "partition/simplify.h"
 
 namespace spmd::partition {
 
@@ -397,7 +398,8 @@ Program PartitionGraph(const ir::Graph& graph, int64_t num_devices,
     for (int64_t i = 0; i < num_devices; ++i) ids[i] = i;
     mesh = std::make_shared<const Mesh>(ids, std::vector<int64_t>{num_devices});
   }
-  return Partitioner(graph, mesh, options).Run();
+  const ir::Graph simplified = SimplifyGraph(graph);
+  return Partitioner(simplified, mesh, options).Run();
 }
 
 }  // namespace spmd::partition

@@ -1,0 +1,192 @@
+#include "partition/simplify.h"
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+
+#include "core/metrics.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+// One gradient written into zeros: it fills [start, start + length) of the result's `dim`.
+struct Piece {
+  ir::Value grad;
+  int64_t start = 0;
+  int64_t length = 0;
+};
+
+// A sum of such gradients, all into zeros of one type along one dim.
+struct ZerosSum {
+  bool select = false;  // select_backward pieces (length 1, the grad lacks the dim)
+  int64_t dim = 0;
+  TensorType type;
+  std::vector<Piece> pieces;
+};
+
+int64_t NormalizeIndex(int64_t i, int64_t size) {
+  if (i < 0) i += size;
+  return std::clamp<int64_t>(i, 0, size);
+}
+
+// select_backward(grad, input_sizes, dim, index) or slice_backward(grad, input_sizes, dim,
+// start, end, step=1) as a one-piece sum.
+std::optional<ZerosSum> IntoZeros(const ir::Node& n) {
+  const std::string& op = n.op()->qualified;
+  const bool select = op == "aten::select_backward";
+  if (!select && op != "aten::slice_backward") return std::nullopt;
+  ZerosSum sum{select, 0, n.output(0), {}};
+  const int64_t rank = sum.type.rank();
+  sum.dim = IntArg(n, ArgIndex(n, "dim"));
+  if (sum.dim < 0) sum.dim += rank;
+  if (sum.dim < 0 || sum.dim >= rank) return std::nullopt;
+  const int64_t size = sum.type.shape[sum.dim];
+  const TensorType& grad = n.input(0).type();
+  if (grad.dtype != sum.type.dtype) return std::nullopt;
+  Piece piece{n.input(0), 0, 1};
+  if (select) {
+    int64_t index = IntArg(n, ArgIndex(n, "index"));
+    if (index < -size || index >= size) return std::nullopt;
+    piece.start = index < 0 ? index + size : index;
+  } else {
+    if (IntArg(n, ArgIndex(n, "step"), 1) != 1 || grad.rank() != rank) return std::nullopt;
+    piece.start = NormalizeIndex(IntArg(n, ArgIndex(n, "start")), size);
+    piece.length = grad.shape[sum.dim];
+    if (piece.start + piece.length > size) return std::nullopt;
+  }
+  sum.pieces.push_back(piece);
+  return sum;
+}
+
+bool IsUnitScalar(const ir::Arg& a) { return a.is_scalar() && !a.dynamic && a.ScalarValue() == 1.0; }
+
+class Simplifier {
+ public:
+  explicit Simplifier(const ir::Graph& graph) : graph_(graph) {
+    for (const ir::NodePtr& n : graph.nodes)
+      for (const ir::Value& in : n->inputs()) ++uses_[in.node.get()];
+    for (const ir::Value& out : graph.outputs) ++uses_[out.node.get()];
+  }
+
+  ir::Graph Run() {
+    std::unordered_map<const ir::Node*, ir::NodePtr> replaced;
+    std::vector<ir::NodePtr> nodes;
+    nodes.reserve(graph_.nodes.size());
+    for (const ir::NodePtr& n : graph_.nodes) {
+      ir::NodePtr out = Rewrite(*n, replaced);
+      if (!out) out = WithNewInputs(n, replaced);
+      if (out != n) replaced[n.get()] = out;
+      nodes.push_back(out);
+    }
+    if (replaced.empty()) return graph_;
+    ir::Graph g;
+    g.params = graph_.params;
+    g.scalars = graph_.scalars;
+    g.key = graph_.key;
+    for (const ir::Value& out : graph_.outputs) g.outputs.push_back(Remap(out, replaced));
+    // Keep what the new outputs still reach, in the original post-order.
+    std::unordered_map<const ir::Node*, bool> live;
+    for (const ir::Value& out : g.outputs) live[out.node.get()] = true;
+    for (const ir::NodePtr& p : g.params) live[p.get()] = true;
+    for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+      if (!live.count(it->get())) continue;
+      for (const ir::Value& in : (*it)->inputs()) live[in.node.get()] = true;
+    }
+    for (ir::NodePtr& n : nodes) {
+      if (!live.count(n.get())) continue;
+      g.position[n.get()] = static_cast<int>(g.nodes.size());
+      g.nodes.push_back(std::move(n));
+    }
+    return g;
+  }
+
+ private:
+  static ir::Value Remap(const ir::Value& v,
+                        const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    auto it = replaced.find(v.node.get());
+    return it == replaced.end() ? v : ir::Value{it->second, v.index};
+  }
+
+  // `n` itself, or a copy reading the replacements of its inputs.
+  static ir::NodePtr WithNewInputs(const ir::NodePtr& n,
+                                   const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    bool changed = false;
+    std::vector<ir::Value> inputs;
+    inputs.reserve(n->inputs().size());
+    for (const ir::Value& in : n->inputs()) {
+      inputs.push_back(Remap(in, replaced));
+      changed |= inputs.back().node != in.node;
+    }
+    if (!changed) return n;
+    ir::NodePtr copy = ir::MakeNode(n->op(), std::move(inputs), n->args(), n->outputs());
+    copy->set_shardings(n->shardings());
+    copy->set_scope(n->scope());
+    return copy;
+  }
+
+  // The pieces of a value that only its one user reads: a gradient into zeros, or an add
+  // (alpha 1, no type promotion) of two such sums along the same dim that do not overlap.
+  std::optional<ZerosSum> Collect(const ir::Value& v) {
+    const ir::Node& n = *v.node;
+    if (v.index != 0 || uses_[&n] != 1) return std::nullopt;
+    return Sum(n);
+  }
+
+  std::optional<ZerosSum> Sum(const ir::Node& n) {
+    if (n.op()->qualified != "aten::add.Tensor") return IntoZeros(n);
+    const int alpha = ArgIndex(n, "alpha");
+    if (alpha < 0 || !IsUnitScalar(n.arg(alpha))) return std::nullopt;
+    std::optional<ZerosSum> a = Collect(n.input(0));
+    if (!a) return std::nullopt;
+    std::optional<ZerosSum> b = Collect(n.input(1));
+    if (!b || a->select != b->select || a->dim != b->dim || a->type != n.output(0) ||
+        b->type != n.output(0))
+      return std::nullopt;
+    for (const Piece& p : b->pieces) {
+      for (const Piece& q : a->pieces)
+        if (p.start < q.start + q.length && q.start < p.start + p.length) return std::nullopt;
+      a->pieces.push_back(p);
+    }
+    return a;
+  }
+
+  // A stack or cat of the gradients when `n` sums pieces that cover their whole dim.
+  ir::NodePtr Rewrite(const ir::Node& n,
+                      const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    if (n.op()->qualified != "aten::add.Tensor") return nullptr;
+    std::optional<ZerosSum> sum = Sum(n);
+    if (!sum) return nullptr;
+    int64_t covered = 0;
+    for (const Piece& p : sum->pieces) covered += p.length;
+    if (covered != sum->type.shape[sum->dim]) return nullptr;  // disjoint: covered == size
+    std::sort(sum->pieces.begin(), sum->pieces.end(),
+              [](const Piece& x, const Piece& y) { return x.start < y.start; });
+    std::vector<ir::Value> grads;
+    ir::Arg list;
+    list.kind = ir::Arg::Kind::kTensorList;
+    for (const Piece& p : sum->pieces) {
+      list.ints.push_back(static_cast<int64_t>(grads.size()));
+      grads.push_back(Remap(p.grad, replaced));  // an earlier layer's rewrite feeds it
+    }
+    const ir::OpInfo* op = ir::InternOp(sum->select ? "aten::stack" : "aten::cat",
+                                        {{"tensors", ir::ArgType::kTensorList},
+                                         {"dim", ir::ArgType::kInt}},
+                                        1);
+    ir::NodePtr out = ir::MakeNode(op, std::move(grads), {list, ir::Arg::Int(sum->dim)},
+                                   {sum->type});
+    out->set_scope(n.scope());
+    Count("JoinedGradientSums");
+    return out;
+  }
+
+  const ir::Graph& graph_;
+  std::unordered_map<const ir::Node*, int> uses_;
+};
+
+}  // namespace
+
+ir::Graph SimplifyGraph(const ir::Graph& graph) { return Simplifier(graph).Run(); }
+
+}  // namespace spmd::partition
