@@ -1,6 +1,7 @@
 #include "aten/sync.h"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -20,11 +21,6 @@ struct ValueHash {
     return std::hash<const void*>()(v.node.get()) ^ static_cast<size_t>(v.index);
   }
 };
-
-partition::ProgramStats& LastStats() {
-  static auto* stats = new partition::ProgramStats();
-  return *stats;
-}
 
 partition::PartitionOptions& Options() {
   static auto* options = new partition::PartitionOptions();
@@ -158,26 +154,44 @@ void MergeAnnotatedCopies(
                 outputs.end());
 }
 
-// The step's memory figures, with the parameters this run donates freed after their last use
-// (a program's own peak_bytes_per_device assumes none is).
+// The last step (run or planned) and what its memory figures need. The figures themselves
+// (a liveness pass over the program) are computed when first asked for, not on every step;
+// what depends on the moment (the bytes of live tensors) is taken when the step runs.
 struct LastStep {
-  std::shared_ptr<const partition::Program> program;
-  std::vector<bool> donated;
+  std::shared_ptr<const partition::Program> program;  // of the last step started
+  std::shared_ptr<const partition::Program> done;     // of the last step that completed
+  std::vector<bool> donated;  // parameters `done` freed after their last use
+  int64_t beside = 0;         // bytes of live tensors the step does not read
+  int64_t resident = 0;       // bytes of live tensors after the step
+  std::optional<partition::ProgramStats> stats;
 };
 LastStep& Last() {
   static auto* last = new LastStep();
   return *last;
 }
 
-void RecordStepMemory(const partition::Program& program, const std::vector<bool>& donated,
-                      int64_t beside) {
-  partition::ProgramStats& stats = LastStats();
-  stats = program.stats;
+void RecordStep(std::shared_ptr<const partition::Program> program, std::vector<bool> donated,
+                int64_t beside) {
+  LastStep& last = Last();
+  last.done = std::move(program);
+  last.donated = std::move(donated);
+  last.beside = beside;
+  last.resident = ResidentBytesPerDevice();
+  last.stats.reset();
+}
+
+// The step's statistics, with the parameters it donates freed after their last use (a
+// program's own peak_bytes_per_device assumes none is).
+partition::ProgramStats StepStats(const LastStep& last) {
+  if (!last.done) return {};
+  const partition::Program& program = *last.done;
+  partition::ProgramStats stats = program.stats;
   int64_t at = 0;
-  stats.peak_bytes_per_device = partition::PeakBytesPerDevice(program, &at, &donated);
+  stats.peak_bytes_per_device = partition::PeakBytesPerDevice(program, &at, &last.donated);
   if (!program.nodes.empty()) stats.peak_op = program.nodes[at]->op()->qualified;
-  stats.resident_bytes_per_device = ResidentBytesPerDevice();
-  stats.device_peak_bytes = beside + stats.peak_bytes_per_device;
+  stats.resident_bytes_per_device = last.resident;
+  stats.device_peak_bytes = last.beside + stats.peak_bytes_per_device;
+  return stats;
 }
 
 // The mesh a sharding constraint tiles over, or null. (Parameters on another mesh than the
@@ -263,8 +277,7 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
         program.output_global_types[i], program.output_shardings[i]));
     for (const SlotPtr* s : slots_of.at(outputs[i])) SetSlotValue(*s, ir::Value{data_node, 0});
   }
-  RecordStepMemory(program, donated, beside);
-  Last().donated = donated;
+  RecordStep(it->second, std::move(donated), beside);
 }
 
 }  // namespace
@@ -323,8 +336,8 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
     ir::NodePtr data_node = ir::MakeDataNode(results[i]);
     for (const SlotPtr* s : slots_of[outputs[i]]) SetSlotValue(*s, ir::Value{data_node, 0});
   }
-  RecordStepMemory(program, donated, beside);
-  Last().donated = donated;
+  RecordStep(std::shared_ptr<const partition::Program>(exe, &program), std::move(donated),
+             beside);
 }
 
 void SyncAll() {
@@ -385,7 +398,9 @@ std::vector<bool> LastDonated() {
 
 partition::ProgramStats LastStepStats() {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  return LastStats();
+  LastStep& last = Last();
+  if (!last.stats) last.stats = StepStats(last);
+  return *last.stats;
 }
 
 }  // namespace spmd::aten
