@@ -195,3 +195,17 @@ def test_transposed_weight_shares_its_bytes_and_memory_is_exact():
         info = _C._memory_info(d)
         assert info["peak_bytes_used"] - before[d] == result_bytes, d
     torch.testing.assert_close(y.cpu(), T(64, 32, seed=14) @ T(16, 32, seed=15).t())
+
+
+@pytest.mark.parametrize("specs", [
+    [("data", None, None, None), ("data", None, None, None)],    # batch sharded (uneven: 6 by 4)
+    [(None, "model", None, None), (None, "model", None, None)],  # heads
+    [("data", None, "model", None), None],                        # rows of one, other replicated
+    [(None, None, None, "model"), (None, None, "model", None)],  # contraction: partial sums
+])
+def test_matmul_runs_on_stacked_shards_and_equals_cpu(specs):
+    # matmul's batch dims broadcast like pointwise dims: it runs once over the stacked devices
+    # (rule elementwise), uneven padding and partial sums included.
+    mesh = mesh_of((4, 2))
+    check(lambda a, b: (a @ b).tanh(), [T(6, 4, 5, 8, seed=13), T(6, 4, 8, 3, seed=14)], specs,
+          mesh, grad=True)

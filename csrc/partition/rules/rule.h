@@ -113,11 +113,12 @@ struct ShardingRule {
   // Local computation is not the same on every shard (e.g. arange over a sharded dim): only
   // replicated results are allowed, shards are sliced afterwards.
   bool results_must_replicate = false;
-  // Every result element is computed from the operand elements at the same index, operands
-  // broadcast onto the result from the right (pointwise ops; each element of a list op). So a
-  // leading dim added to the operands that have the result's rank, and to the results, is
-  // computed alike: the executor runs such an op once over all devices' stacked shards as it
-  // is (runtime/executable.cc), without a batching transform.
+  // A leading dim added to the operands that have the result's rank, and to the results, is
+  // computed alike, each of its indices on its own: every result element is computed from
+  // the operand elements at the same index, operands broadcast onto the result from the
+  // right (pointwise ops; each element of a list op), or at least the op's leading dims
+  // behave so (matmul's batch dims). The executor runs such an op once over all devices'
+  // stacked shards as it is (runtime/executable.cc), without a batching transform.
   bool elementwise = false;
   // The op's values depend on the extents of its dims, not only on the elements at each index
   // (a loss backward with reduction=mean divides by the element count): the executor may not
