@@ -68,18 +68,19 @@ def _is_spmd(t) -> bool:
 
 def _grad_tensors(x) -> List[torch.Tensor]:
     if isinstance(x, torch.Tensor):  # the common case, without a pytree walk
-        return [x] if _is_spmd(x) and x.requires_grad else []
+        return [x] if x.requires_grad and _is_spmd(x) else []
     if isinstance(x, tuple) and len(x) == 1 and isinstance(x[0], torch.Tensor):
         return _grad_tensors(x[0])
     from torch.utils._pytree import tree_leaves
-    return [t for t in tree_leaves(x) if _is_spmd(t) and t.requires_grad]
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor) and t.requires_grad
+            and _is_spmd(t)]
 
 
 def _on_first_grad(tensors: List[torch.Tensor], hook) -> None:
     """Calls `hook` when the first of `tensors`' gradients is ready (a plain tensor hook for one
     tensor: what a multi-grad hook in "any" mode registers, without its bookkeeping)."""
     if len(tensors) == 1:
-        tensors[0].register_hook(lambda grad: hook(None))
+        tensors[0].register_hook(hook)  # returns None: the gradient is kept
     else:
         torch.autograd.graph.register_multi_grad_hook(tensors, hook, mode="any")
 
@@ -94,12 +95,22 @@ def _reset_after_backward() -> None:
     _set(stack[-1][1] if stack else "")
 
 
+_backward_hooks: dict = {}
+
+
 def _backward_scope(path: str):
-    def hook(_grads):
-        _set(f"{path} (backward)")
-        if not _end_of_backward_queued[0]:
-            _end_of_backward_queued[0] = True
-            torch.autograd.Variable._execution_engine.queue_callback(_reset_after_backward)
+    """The hook that enters `path`'s backward scope (one per path: a forward registers it on
+    many tensors every step)."""
+    hook = _backward_hooks.get(path)
+    if hook is None:
+        scope = f"{path} (backward)"
+
+        def hook(_grads):
+            _set(scope)
+            if not _end_of_backward_queued[0]:
+                _end_of_backward_queued[0] = True
+                torch.autograd.Variable._execution_engine.queue_callback(_reset_after_backward)
+        _backward_hooks[path] = hook
     return hook
 
 
