@@ -1,5 +1,6 @@
 #include "ir/graph.h"
 
+#include <atomic>
 #include <sstream>
 
 namespace spmd::ir {
@@ -9,9 +10,14 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
   g.outputs = outputs;
   // Iterative DFS: training graphs have many thousands of nodes, too deep for recursion.
   std::vector<std::pair<NodePtr, size_t>> stack;
-  std::unordered_map<const Node*, bool> visited;
+  // `position` doubles as the visited set (-1 until the node is placed). Sized for the last
+  // graph cut: a training step cuts one of about the same size every time.
+  static std::atomic<size_t> last_size{0};
+  g.position.reserve(last_size.load(std::memory_order_relaxed));
+  g.nodes.reserve(last_size.load(std::memory_order_relaxed));
+  auto& visited = g.position;
   for (const Value& root : outputs) {
-    if (!visited.emplace(root.node.get(), true).second) continue;
+    if (!visited.emplace(root.node.get(), -1).second) continue;
     stack.emplace_back(root.node, 0);
     while (!stack.empty()) {
       Node* node = stack.back().first.get();
@@ -19,7 +25,7 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
       if (next < node->inputs().size()) {
         stack.back().second++;
         const NodePtr& in = node->inputs()[next].node;
-        if (visited.emplace(in.get(), true).second) stack.emplace_back(in, 0);
+        if (visited.emplace(in.get(), -1).second) stack.emplace_back(in, 0);
         continue;
       }
       g.position[node] = static_cast<int>(g.nodes.size());
@@ -28,6 +34,7 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
     }
   }
 
+  last_size.store(g.nodes.size(), std::memory_order_relaxed);
   Hash key = HashInt(static_cast<int64_t>(g.nodes.size()));
   for (const NodePtr& n : g.nodes) {
     if (n->is_data()) g.params.push_back(n);
