@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/metrics.h"
+#include "core/shape.h"
 #include "partition/rules/rule.h"
 
 namespace spmd::partition {
@@ -39,9 +40,8 @@ std::optional<ZerosSum> IntoZeros(const ir::Node& n) {
   if (!select && op != "aten::slice_backward") return std::nullopt;
   ZerosSum sum{select, 0, n.output(0), {}};
   const int64_t rank = sum.type.rank();
-  sum.dim = IntArg(n, ArgIndex(n, "dim"));
-  if (sum.dim < 0) sum.dim += rank;
-  if (sum.dim < 0 || sum.dim >= rank) return std::nullopt;
+  if (rank == 0) return std::nullopt;
+  sum.dim = WrapDim(IntArg(n, ArgIndex(n, "dim")), rank);  // the recorder checked its range
   const int64_t size = sum.type.shape[sum.dim];
   const TensorType& grad = n.input(0).type();
   if (grad.dtype != sum.type.dtype) return std::nullopt;
@@ -131,10 +131,17 @@ class Simplifier {
   std::optional<ZerosSum> Collect(const ir::Value& v) {
     const ir::Node& n = *v.node;
     if (v.index != 0 || uses_[&n] != 1) return std::nullopt;
-    return Sum(n);
+    return Sum(n);  // a copy: the caller extends it
   }
 
-  std::optional<ZerosSum> Sum(const ir::Node& n) {
+  // Sums are memoized: an add chain is met once per add, and each reads the one before.
+  const std::optional<ZerosSum>& Sum(const ir::Node& n) {
+    auto it = sums_.find(&n);
+    if (it == sums_.end()) it = sums_.emplace(&n, ComputeSum(n)).first;
+    return it->second;
+  }
+
+  std::optional<ZerosSum> ComputeSum(const ir::Node& n) {
     if (n.op()->qualified != "aten::add.Tensor") return IntoZeros(n);
     const int alpha = ArgIndex(n, "alpha");
     if (alpha < 0 || !IsUnitScalar(n.arg(alpha))) return std::nullopt;
@@ -156,7 +163,7 @@ class Simplifier {
   ir::NodePtr Rewrite(const ir::Node& n,
                       const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
     if (n.op()->qualified != "aten::add.Tensor") return nullptr;
-    std::optional<ZerosSum> sum = Sum(n);
+    std::optional<ZerosSum> sum = Sum(n);  // a copy: sorted below
     if (!sum) return nullptr;
     int64_t covered = 0;
     for (const Piece& p : sum->pieces) covered += p.length;
@@ -183,6 +190,7 @@ class Simplifier {
 
   const ir::Graph& graph_;
   std::unordered_map<const ir::Node*, int> uses_;
+  std::unordered_map<const ir::Node*, std::optional<ZerosSum>> sums_;
 };
 
 }  // namespace
