@@ -5,7 +5,6 @@
 #include <unordered_map>
 
 #include "core/metrics.h"
-#include "core/shape.h"
 #include "partition/rules/rule.h"
 
 namespace spmd::partition {
@@ -21,42 +20,22 @@ struct Piece {
 
 // A sum of such gradients, all into zeros of one type along one dim.
 struct ZerosSum {
-  bool select = false;  // select_backward pieces (length 1, the grad lacks the dim)
+  bool stacked = false;  // pieces of length 1 whose grads lack the dim (joined by stack)
   int64_t dim = 0;
   TensorType type;
   std::vector<Piece> pieces;
 };
 
-int64_t NormalizeIndex(int64_t i, int64_t size) {
-  if (i < 0) i += size;
-  return std::clamp<int64_t>(i, 0, size);
-}
-
-// select_backward(grad, input_sizes, dim, index) or slice_backward(grad, input_sizes, dim,
-// start, end, step=1) as a one-piece sum.
+// A gradient written into zeros (its rule's into_zeros) as a one-piece sum.
 std::optional<ZerosSum> IntoZeros(const ir::Node& n) {
-  const std::string& op = n.op()->qualified;
-  const bool select = op == "aten::select_backward";
-  if (!select && op != "aten::slice_backward") return std::nullopt;
-  ZerosSum sum{select, 0, n.output(0), {}};
-  const int64_t rank = sum.type.rank();
-  if (rank == 0) return std::nullopt;
-  sum.dim = WrapDim(IntArg(n, ArgIndex(n, "dim")), rank);  // the recorder checked its range
-  const int64_t size = sum.type.shape[sum.dim];
-  const TensorType& grad = n.input(0).type();
-  if (grad.dtype != sum.type.dtype) return std::nullopt;
-  Piece piece{n.input(0), 0, 1};
-  if (select) {
-    int64_t index = IntArg(n, ArgIndex(n, "index"));
-    if (index < -size || index >= size) return std::nullopt;
-    piece.start = index < 0 ? index + size : index;
-  } else {
-    if (IntArg(n, ArgIndex(n, "step"), 1) != 1 || grad.rank() != rank) return std::nullopt;
-    piece.start = NormalizeIndex(IntArg(n, ArgIndex(n, "start")), size);
-    piece.length = grad.shape[sum.dim];
-    if (piece.start + piece.length > size) return std::nullopt;
-  }
-  sum.pieces.push_back(piece);
+  std::optional<ShardingRule> rule = GetRule(n);
+  if (!rule || !rule->into_zeros || n.num_outputs() != 1) return std::nullopt;
+  const ShardingRule::IntoZeros& z = *rule->into_zeros;
+  ZerosSum sum{z.stacked, z.dim, n.output(0), {}};
+  if (n.input(0).type().dtype != sum.type.dtype || z.start < 0 ||
+      z.start + z.length > sum.type.shape[z.dim])
+    return std::nullopt;
+  sum.pieces.push_back(Piece{n.input(0), z.start, z.length});
   return sum;
 }
 
@@ -148,7 +127,7 @@ class Simplifier {
     std::optional<ZerosSum> a = Collect(n.input(0));
     if (!a) return std::nullopt;
     std::optional<ZerosSum> b = Collect(n.input(1));
-    if (!b || a->select != b->select || a->dim != b->dim || a->type != n.output(0) ||
+    if (!b || a->stacked != b->stacked || a->dim != b->dim || a->type != n.output(0) ||
         b->type != n.output(0))
       return std::nullopt;
     for (const Piece& p : b->pieces) {
@@ -177,7 +156,7 @@ class Simplifier {
       list.ints.push_back(static_cast<int64_t>(grads.size()));
       grads.push_back(Remap(p.grad, replaced));  // an earlier layer's rewrite feeds it
     }
-    const ir::OpInfo* op = ir::InternOp(sum->select ? "aten::stack" : "aten::cat",
+    const ir::OpInfo* op = ir::InternOp(sum->stacked ? "aten::stack" : "aten::cat",
                                         {{"tensors", ir::ArgType::kTensorList},
                                          {"dim", ir::ArgType::kInt}},
                                         1);

@@ -11,10 +11,11 @@ namespace spmd::partition {
 // re-created on the new value; nodes left unused are dropped. Returns a copy of `graph` when
 // nothing applies.
 //
-// The one rewrite so far: a sum of gradients that each fill one part of the same zeros
-// tensor (select_backward, slice_backward with step 1: what autograd emits for q, k, v taken
-// by index or by slice out of one fused projection) that together cover the whole dim
-// becomes one stack (select) or cat (slice) of the gradients: no zero fills, no adds.
+// The one rewrite so far: a sum (add, alpha 1) of gradients that each fill one part of the
+// same zeros tensor (ops whose rule sets ShardingRule::into_zeros: select_backward,
+// slice_backward with step 1, what autograd emits for q, k, v taken by index or by slice out
+// of one fused projection) that together cover the whole dim becomes one stack (select) or
+// cat (slice) of the gradients: no zero fills, no adds.
 ir::Graph SimplifyGraph(const ir::Graph& graph);
 
 }  // namespace spmd::partition

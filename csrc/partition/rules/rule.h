@@ -84,6 +84,17 @@ struct ShardingRule {
   // fill): they need the right tiling but not their pending partial sums reduced.
   std::vector<bool> shape_only_operands;
 
+  // The result is zeros with operand 0 written into [start, start + length) of `dim`
+  // (select_backward: one index, the operand lacking the dim; slice_backward with step 1).
+  // partition/simplify.cc joins sums of such results that cover the dim into one stack/cat.
+  struct IntoZeros {
+    int64_t dim = 0;
+    int64_t start = 0;
+    int64_t length = 1;
+    bool stacked = false;  // the operand lacks `dim` (joined by stack, not cat)
+  };
+  std::optional<IntoZeros> into_zeros;
+
   // Operands the op is linear in, the other operands fixed: op(a + b) = op(a) + op(b) (views,
   // transposes, slices, negation, scaling, sums). A pending partial *sum* in such an operand
   // may stay pending through the op, into every result, instead of being reduced first; the

@@ -284,7 +284,16 @@ std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
   rule.operands = {fgrad};
   rule.results = {fout};
   rule.local_args = LocalSizeArgs(ArgIndex(node, "input_sizes"));
-
+  // Where grad lands (ShardingRule::into_zeros); not described for strided slices.
+  const int64_t size = out.shape[dim];
+  if (select) {
+    const int64_t index = IntArg(node, ArgIndex(node, "index"));
+    rule.into_zeros = ShardingRule::IntoZeros{dim, index < 0 ? index + size : index, 1, true};
+  } else if (IntArg(node, ArgIndex(node, "step"), 1) == 1) {
+    int64_t start = IntArg(node, ArgIndex(node, "start"));
+    start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
+    rule.into_zeros = ShardingRule::IntoZeros{dim, start, grad.shape[dim], false};
+  }
   return rule;
 }
 
