@@ -766,6 +766,9 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   profile.program = &program_;
   profile.seconds.reserve(instructions_.size());
   const size_t num_devices = DeviceSet::Get().num_devices();
+  // The program's kernels compute values, never gradients: skip the autograd and view-tracking
+  // kernels every call would otherwise pass through (a view made here is never differentiated).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   try {
     for (size_t index = 0; index < instructions_.size(); ++index) {
       const Instruction& ins = instructions_[index];
