@@ -10,6 +10,7 @@
 #include "bindings.h"
 
 #include "aten/backend.h"
+#include "aten/backward_scope.h"
 #include "aten/lazy_tensor.h"
 #include "aten/recorder.h"
 #include "aten/sync.h"
@@ -116,8 +117,10 @@ void BindGraph(py::module_& m) {
   m.def("_compile_cache_size", [] { return runtime::CompileCache::Get().size(); });
   m.def("_clear_compile_cache", [] { runtime::CompileCache::Get().Clear(); });
   m.def("_live_tensor_count", &aten::LiveSlotCount);
-  // The module path new ops are recorded under ("" for none): torch_spmd.debug's tracker.
-  m.def("_set_scope", [](const std::string& name) { ir::SetCurrentScope(ir::InternScope(name)); });
+  // The module path new ops are recorded under ("" for none): torch_spmd.debug's tracker. Their
+  // backward is recorded under the path's " (backward)" (aten/backward_scope.h).
+  m.def("_set_scope", &aten::SetForwardScope);
+  m.def("_clear_forward_scopes", &aten::ClearForwardScopes);
   m.def("_scope", [] { return ir::ScopeName(ir::CurrentScope()); });
   // The data every live spmd tensor holds, each once: (global shape, dtype, sharding text,
   // bytes per device, planned, number of tensors pointing at it).

@@ -8,6 +8,7 @@ namespace spmd::ir {
 
 namespace {
 std::atomic<Scope> g_current{nullptr};
+std::atomic<BackwardScopeResolver> g_backward{nullptr};
 }
 
 Scope InternScope(const std::string& name) {
@@ -18,9 +19,16 @@ Scope InternScope(const std::string& name) {
   return &*names->insert(name).first;
 }
 
-// Process-wide, not per thread: autograd records the backward on its own thread, and the
-// tracker sets the scope from the hooks that run there.
-Scope CurrentScope() { return g_current.load(std::memory_order_relaxed); }
+// Process-wide, not per thread: the tracker's module hooks set it on whichever thread runs the
+// forward. The backward (on autograd's threads) is resolved per node instead.
+Scope CurrentScope() {
+  if (BackwardScopeResolver resolve = g_backward.load(std::memory_order_relaxed))
+    if (std::optional<Scope> scope = resolve()) return *scope;
+  return g_current.load(std::memory_order_relaxed);
+}
 void SetCurrentScope(Scope scope) { g_current.store(scope, std::memory_order_relaxed); }
+void SetBackwardScopeResolver(BackwardScopeResolver resolver) {
+  g_backward.store(resolver, std::memory_order_relaxed);
+}
 
 }  // namespace spmd::ir

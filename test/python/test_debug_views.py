@@ -62,8 +62,13 @@ def test_comm_report_attributes_every_collective_byte_to_a_module():
     assert "blocks.0.qkv" in report and "blocks.1.fc2" in report
     assert report["blocks.0.qkv"]["backward"]  # its gradient's reduction
     assert any(d["forward"] for d in report.values()) and any(d["backward"] for d in report.values())
-    # The row-parallel projection's partial sums are reduced in the block, forward and backward.
-    assert "all-reduce" in report["blocks.0"]["forward"] and "all-reduce" in report["blocks.0"]["backward"]
+    # Partial sums are reduced by the op that reads them: the row-parallel projection's in the
+    # block's residual add (forward); the column-parallel qkv's input gradient in the layer
+    # norm's backward, which reads it (each backward op is attributed to the module whose
+    # forward op it differentiates).
+    assert "all-reduce" in report["blocks.0"]["forward"] and not report["blocks.0"]["backward"]
+    assert "all-reduce" in report["blocks.0.ln1"]["backward"]
+    assert not report["blocks.0.ln1"]["forward"].get("all-reduce")
     assert module_scope.current() == ""  # nothing left open after the step
     # The numbers are still right.
     ref = cpu.loss(idx, idx)
@@ -202,3 +207,52 @@ def test_a_forward_that_raises_leaves_no_module_or_scope_behind():
     del m
     gc.collect()
     assert _C._live_tensor_count() == before
+
+
+def _ops_by_scope() -> dict:
+    by_scope = {}
+    for op, _, _, _, _, scope, _ in last_step_stats()["op_costs"]:
+        by_scope.setdefault(scope, []).append(op)
+    return by_scope
+
+
+def test_each_backward_op_is_attributed_to_the_module_whose_forward_op_it_differentiates():
+    # No hooks on tensors: autograd's nodes remember which module's forward created them.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4)).to(torch_spmd.device())
+    x = torch.randn(5, 8).to(torch_spmd.device())  # needs no gradient
+    model(x).square().sum().backward()
+    xm.mark_step()
+    by_scope = _ops_by_scope()
+    assert by_scope["1"] == ["aten::relu"] and by_scope["1 (backward)"] == ["aten::threshold_backward"]
+    # The last layer's backward computes its weight's and its input's gradients; the first
+    # layer's only its weight's (its input needs none).
+    assert by_scope["2 (backward)"].count("aten::mm") == 2
+    assert by_scope["0 (backward)"].count("aten::mm") == 1
+    # The loss ran outside any module: its backward is the outermost level's.
+    assert "aten::pow.Tensor_Scalar" in by_scope[""] and "aten::mul.Tensor" in by_scope[" (backward)"]
+    assert set(by_scope) == {"", "0", "1", "2", " (backward)", "0 (backward)", "1 (backward)",
+                             "2 (backward)"}
+    assert module_scope.current() == ""
+
+    # A second backward accumulates into .grad (AccumulateGrad, which differentiates no forward
+    # op): its adds stay in the backward.
+    model(x).sum().backward()
+    xm.mark_step()
+    adds = [s for s, ops in _ops_by_scope().items() for op in ops if op == "aten::add.Tensor"]
+    assert adds and all(s.endswith(" (backward)") for s in adds)
+
+    # Turned off, the backward of a forward recorded while it was on is not attributed either.
+    for p in model.parameters():
+        p.grad = None
+    loss = model(x).sum()
+    module_scope.enable(False)
+    try:
+        loss.backward()
+        xm.mark_step()
+        by_scope = _ops_by_scope()
+        assert set(by_scope) == {"", "0", "1", "2"}  # the forward's, recorded while on
+        assert "aten::threshold_backward" in by_scope[""]
+    finally:
+        module_scope.enable(True)

@@ -4,11 +4,13 @@ it), kept through partitioning, so collectives, FLOPs and bytes can be attribute
 (``torch_spmd.debug.comm_report``).
 
 The tracker uses torch's global module hooks: a forward pre-hook and hook keep the stack of
-running modules (paths relative to the outermost module: the root itself is ``""``), and for
-outputs that need gradients a multi-grad hook marks where the module's backward starts (its
-outputs' gradients are ready) and one on its inputs where it ends. Optimizer steps are scoped
-``optimizer``. It is on by default (``enable(False)`` turns it off); modules running on other
-devices are not affected beyond the hook calls.
+running modules (paths relative to the outermost module: the root itself is ``""``) and set the
+scope forward ops are recorded under. The backward needs no hooks: the C++ side notes which
+autograd nodes each scope created (aten/backward_scope.h), and an op recorded while autograd runs
+a node takes that node's forward scope with `` (backward)`` appended (`` (backward)`` alone for
+the outermost module and for ops outside any module, such as the loss). Optimizer steps are
+scoped ``optimizer``. It is on by default (``enable(False)`` turns it off); modules running on
+other devices are not affected beyond the hook calls.
 """
 import threading
 import weakref
@@ -23,7 +25,6 @@ _state = threading.local()
 _names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 _descendants: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 _handles: List[RemovableHandle] = []
-_end_of_backward_queued = [False]
 
 
 def _stack() -> List[Tuple["weakref.ref", str]]:
@@ -62,56 +63,8 @@ def _relative_path(parent: torch.nn.Module, module: torch.nn.Module) -> Optional
     return entry[1]
 
 
-def _is_spmd(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "spmd"
-
-
-def _grad_tensors(x) -> List[torch.Tensor]:
-    if isinstance(x, torch.Tensor):  # the common case, without a pytree walk
-        return [x] if x.requires_grad and _is_spmd(x) else []
-    if isinstance(x, tuple) and len(x) == 1 and isinstance(x[0], torch.Tensor):
-        return _grad_tensors(x[0])
-    from torch.utils._pytree import tree_leaves
-    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor) and t.requires_grad
-            and _is_spmd(t)]
-
-
-def _on_first_grad(tensors: List[torch.Tensor], hook) -> None:
-    """Calls `hook` when the first of `tensors`' gradients is ready (a plain tensor hook for one
-    tensor: what a multi-grad hook in "any" mode registers, without its bookkeeping)."""
-    if len(tensors) == 1:
-        tensors[0].register_hook(hook)  # returns None: the gradient is kept
-    else:
-        torch.autograd.graph.register_multi_grad_hook(tensors, hook, mode="any")
-
-
 def _set(path: str) -> None:
     _C._set_scope(path)
-
-
-def _reset_after_backward() -> None:
-    _end_of_backward_queued[0] = False
-    stack = _stack()
-    _set(stack[-1][1] if stack else "")
-
-
-_backward_hooks: dict = {}
-
-
-def _backward_scope(path: str):
-    """The hook that enters `path`'s backward scope (one per path: a forward registers it on
-    many tensors every step)."""
-    hook = _backward_hooks.get(path)
-    if hook is None:
-        scope = f"{path} (backward)"
-
-        def hook(_grads):
-            _set(scope)
-            if not _end_of_backward_queued[0]:
-                _end_of_backward_queued[0] = True
-                torch.autograd.Variable._execution_engine.queue_callback(_reset_after_backward)
-        _backward_hooks[path] = hook
-    return hook
 
 
 def _pre_forward(module, args):
@@ -129,17 +82,7 @@ def _post_forward(module, args, output):
         stack.pop()
     if stack and stack[-1][0]() is module:
         stack.pop()
-    parent = stack[-1][1] if stack else ""
-    _set(parent)
-    if not torch.is_grad_enabled():
-        return
-    path = _names.get(module, "")
-    outs = _grad_tensors(output)
-    if outs:  # the module's backward starts when its outputs' gradients are ready
-        _on_first_grad(outs, _backward_scope(path))
-    ins = _grad_tensors(args)
-    if ins and stack:  # ... and ends when its inputs' are: back to the parent's backward
-        _on_first_grad(ins, _backward_scope(parent))
+    _set(stack[-1][1] if stack else "")
 
 
 def _pre_step(optimizer, args, kwargs):
@@ -159,6 +102,7 @@ def enable(on: bool = True) -> None:
     _handles = []
     _set("")
     if not on:
+        _C._clear_forward_scopes()  # the backward of what ran so far is not attributed either
         return
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optimizer_mod
