@@ -55,6 +55,14 @@ struct OpPlan {
     std::vector<int> counts;  // outputs per return
   };
   std::unordered_map<uint64_t, CachedShapes> shape_cache;
+  // View layouts memoized by argument signature and the input's layout (strides, storage
+  // offset): per output, its sizes, strides and storage offset; empty when the meta view op
+  // gave none (the outputs keep contiguous metadata).
+  struct ViewLayout {
+    std::vector<int64_t> sizes, strides;
+    int64_t storage_offset = 0;
+  };
+  std::unordered_map<uint64_t, std::vector<ViewLayout>> view_layout_cache;
 };
 
 // The plan for `op`, built on first use. Thread-safe.

@@ -369,27 +369,45 @@ at::Tensor MetaWithLayout(const LazyImpl* impl) {
 // strides (as_strided_copy/scatter on a root, which is described as contiguous) get contiguous
 // inputs at replay (executable.cc). (torch 1.13's autograd also replayed views through these
 // strides; torch 2.x replays functional views with view functions instead.)
-void ApplyViewLayout(const OpPlan& plan, const LazyImpl* in, torch::jit::Stack meta_stack,
-                     const std::vector<at::Tensor>& outputs) {
-  if (!plan.view_op || !in || outputs.empty()) return;
+// The key of a view's layout: its arguments' signature and the input's strides and offset.
+uint64_t ViewLayoutKey(uint64_t signature, const LazyImpl* in) {
+  uint64_t key = HashCombine(signature, HashInt(in->storage_offset()));
+  for (int64_t stride : in->strides()) key = HashCombine(key, HashInt(stride));
+  return key;
+}
+
+// The layouts of a view op's outputs for `in`'s layout, found by running the view op on meta
+// tensors (`meta_stack`: the op's arguments as meta tensors), and cached under `key`.
+const std::vector<OpPlan::ViewLayout>& CacheViewLayouts(OpPlan& plan, uint64_t key,
+                                                        const LazyImpl* in,
+                                                        torch::jit::Stack meta_stack) {
+  std::vector<OpPlan::ViewLayout> layouts;
   try {
     meta_stack[0] = MetaWithLayout(in);
     plan.view_op->callBoxed(&meta_stack);
-    std::vector<at::Tensor> metas;
     for (const c10::IValue& v : meta_stack) {
-      if (v.isTensor()) metas.push_back(v.toTensor());
+      auto add = [&](const at::Tensor& t) {
+        layouts.push_back({t.sizes().vec(), t.strides().vec(), t.storage_offset()});
+      };
+      if (v.isTensor()) add(v.toTensor());
       else if (v.isTensorList())
-        for (const at::Tensor& t : v.toTensorList()) metas.push_back(t);
-    }
-    if (metas.size() != outputs.size()) return;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      auto* out = dynamic_cast<LazyImpl*>(outputs[i].unsafeGetTensorImpl());
-      if (!out || out->sizes() != metas[i].sizes()) continue;
-      out->set_sizes_and_strides(metas[i].sizes(), metas[i].strides());
-      out->set_storage_offset(metas[i].storage_offset());
+        for (const at::Tensor& t : v.toTensorList()) add(t);
     }
   } catch (const std::exception&) {
-    // No layout for these arguments: the outputs keep contiguous metadata.
+    layouts.clear();  // no layout for these arguments: the outputs keep contiguous metadata
+  }
+  if (plan.view_layout_cache.size() >= OpPlan::kMaxCachedShapes) plan.view_layout_cache.clear();
+  return plan.view_layout_cache.emplace(key, std::move(layouts)).first->second;
+}
+
+void ApplyViewLayout(const std::vector<OpPlan::ViewLayout>& layouts,
+                     const std::vector<at::Tensor>& outputs) {
+  if (layouts.size() != outputs.size()) return;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto* out = dynamic_cast<LazyImpl*>(outputs[i].unsafeGetTensorImpl());
+    if (!out || out->sizes() != c10::IntArrayRef(layouts[i].sizes)) continue;
+    out->set_sizes_and_strides(layouts[i].sizes, layouts[i].strides);
+    out->set_storage_offset(layouts[i].storage_offset);
   }
 }
 
@@ -601,8 +619,16 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
 
   if (plan.reseed_default_generator)
     conv.args().push_back(ArgConverter::SeedArg(at::detail::getDefaultCPUGenerator()));
-  torch::jit::Stack view_meta_args;
-  if (plan.view_op) view_meta_args = conv.meta();
+  // A view's output layouts, found before the node takes the arguments (GraphMutex, held by
+  // LazyFallback, guards the plan's cache).
+  const std::vector<OpPlan::ViewLayout>* view_layouts = nullptr;
+  if (plan.view_op && conv.impl(0)) {
+    const uint64_t key = ViewLayoutKey(conv.signature(), conv.impl(0));
+    auto it = plan.view_layout_cache.find(key);
+    view_layouts = it != plan.view_layout_cache.end()
+                       ? &it->second
+                       : &CacheViewLayouts(plan, key, conv.impl(0), conv.meta());
+  }
   ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
                                   shapes.types);
   bool factory = !conv.any_lazy;
@@ -639,7 +665,7 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
       stack->push_back(std::move(t));
     }
   }
-  if (plan.view_op) ApplyViewLayout(plan, conv.impl(0), std::move(view_meta_args), view_outputs);
+  if (view_layouts) ApplyViewLayout(*view_layouts, view_outputs);
   for (const auto& [arg, index] : written) {
     if (LazyImpl* impl = conv.impl(arg)) SetSlotValue(impl->slot(), ir::Value{node, index});
   }
