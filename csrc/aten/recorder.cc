@@ -368,7 +368,9 @@ at::Tensor MetaWithLayout(const LazyImpl* impl) {
 // chains). Buffers keep the layout their CPU kernel gave them; the few ops that interpret
 // strides (as_strided_copy/scatter on a root, which is described as contiguous) get contiguous
 // inputs at replay (executable.cc). (torch 1.13's autograd also replayed views through these
-// strides; torch 2.x replays functional views with view functions instead.)
+// strides; torch 2.x replays functional views with view functions instead.) The layouts are
+// memoized: a training loop records the same views of the same layouts every step.
+
 // The key of a view's layout: its arguments' signature and the input's strides and offset.
 uint64_t ViewLayoutKey(uint64_t signature, const LazyImpl* in) {
   uint64_t key = HashCombine(signature, HashInt(in->storage_offset()));
