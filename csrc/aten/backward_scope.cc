@@ -28,19 +28,10 @@ constexpr size_t kMaxStarts = size_t{1} << 16;
 struct History {
   std::mutex mu;
   std::unordered_map<uint64_t, Starts> by_thread;
-  std::unordered_map<ir::Scope, ir::Scope> backward_of;  // forward scope -> its backward scope
 };
 History& Get() {
   static auto* history = new History();
   return *history;
-}
-
-ir::Scope BackwardOf(History& h, ir::Scope forward) {  // h.mu held
-  auto it = h.backward_of.find(forward);
-  if (it != h.backward_of.end()) return it->second;
-  ir::Scope backward = ir::InternScope(ir::ScopeName(forward) + " (backward)");
-  h.backward_of.emplace(forward, backward);
-  return backward;
 }
 
 // The scope of ops recorded while `node` runs: its forward scope's backward, nullopt when its
@@ -59,7 +50,9 @@ std::optional<ir::Scope> ScopeOfNode(const torch::autograd::Node& node) {
   auto after = std::upper_bound(starts.begin(), starts.end(), seq,
                                 [](uint64_t s, const auto& start) { return s < start.first; });
   if (after == starts.begin()) return std::nullopt;
-  return t_last_backward = BackwardOf(h, std::prev(after)->second);
+  // Interned (once per node, see ResolveBackwardScope): equal names give the same scope.
+  t_last_backward = ir::InternScope(ir::ScopeName(std::prev(after)->second) + " (backward)");
+  return t_last_backward;
 }
 
 std::optional<ir::Scope> ResolveBackwardScope() {
