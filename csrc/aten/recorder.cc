@@ -6,6 +6,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 #include <sstream>
 
@@ -21,9 +22,10 @@ namespace {
 using ir::Arg;
 
 // A Scalar argument becomes a run-time input (not part of the graph key) unless it is one of
-// the values that commonly select special code paths.
+// the values that commonly select special code paths: 0, 1, and the non-finite ones (a mask's
+// -inf is a constant of the model, and lowerings may rely on it, e.g. masked_fill's).
 bool IsDynamicScalar(const Arg& a) {
-  return a.kind == Arg::Kind::kScalarDouble && a.d != 0.0 && a.d != 1.0;
+  return a.kind == Arg::Kind::kScalarDouble && a.d != 0.0 && a.d != 1.0 && std::isfinite(a.d);
 }
 
 Arg ScalarArg(const c10::Scalar& s) {
