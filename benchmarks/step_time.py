@@ -12,7 +12,11 @@ median of --steps steps after --warmup warm-up steps (the first compiles).
 
 Rows, each in its own process (device counts and thread settings do not leak), run --rounds
 times in turn (a shared host's slow phases then hit every row alike): a row's s/step is the
-median of its rounds' medians, a ratio the median of the rounds' ratios.
+median of its rounds' medians, a ratio the median of the rounds' ratios. CPU eager runs before
+the first spmd row and again after each one; an spmd row's ratio to eager divides by the mean
+of the two eager runs around it (this host's speed drifts by tens of percent over a minute, so
+a ratio to an eager run minutes away mostly measured the drift). The eager row's s/step is the
+median of all its runs.
   - CPU eager and every spmd row: torch.set_num_threads(--threads, default: this process's
     cores); spmd rows set SPMD_NUM_DEVICES and SPMD_NUM_THREADS.
   - gloo DDP: 8 processes on 127.0.0.1, 1 intra-op thread and batch 4 each; rank 0's median,
@@ -284,6 +288,16 @@ def child_gloo(cfg: GPTConfig, warmup: int, steps: int) -> dict:
 
 # ------------------------------------------------------------------------------- parent ---
 
+def run_eager(args, tag: str, threads_env: dict, npz: str) -> dict:
+    """One CPU eager run (writing the JAX row's parameters and batches to `npz` if given);
+    exits when it fails, as every ratio depends on it."""
+    print(f"{tag} CPU eager", file=sys.stderr)
+    eager = run_child(args, "eager", threads_env, *([npz] if npz else []))
+    if "error" in eager:
+        raise SystemExit(f"CPU eager row failed: {eager['error']}\n{eager['stderr']}")
+    return eager
+
+
 def run_child(args, kind: str, extra_env: dict, *child_args) -> dict:
     """Runs one row in a fresh interpreter; returns its JSON, or {"error": ...}."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, *map(str, child_args),
@@ -365,11 +379,14 @@ def check_losses(row: dict, reference: list, count: int, rtol: float) -> None:
                     f"{'s' if len(got) > 1 else ''}, rel. diff {worst:.1e})")
 
 
-def ratio(row: dict, ref: dict) -> str:
-    """The median over rounds of row / ref, each round's pair measured back to back."""
+def ratio(row: dict, ref: dict, adjacent: bool = False) -> str:
+    """The median over rounds of row / ref, each round's pair measured back to back; with
+    `adjacent`, ref (CPU eager) is the mean of the eager runs right before and right after
+    the row's, where the row has them."""
     if "error" in row or ref is None or "error" in ref:
         return "n/a"
-    pairs = [a / b for a, b in zip(row["rounds"], ref["rounds"])]
+    refs = row["eager_around_rounds"] if adjacent and "eager_around_rounds" in row else ref["rounds"]
+    pairs = [a / b for a, b in zip(row["rounds"], refs)]
     return f"{statistics.median(pairs):.2f}x"
 
 
@@ -381,6 +398,8 @@ def merge_rounds(results: list) -> dict:
     row = dict(results[0])
     row["rounds"] = [r["median_s"] for r in results]
     row["median_s"] = statistics.median(row["rounds"])
+    if all("eager_around_s" in r for r in results):
+        row["eager_around_rounds"] = [r["eager_around_s"] for r in results]
     if "fraction" in row:
         row["fraction"] = statistics.median(r["fraction"] for r in results)
         row["achieved_flops"] = statistics.median(r["achieved_flops"] for r in results)
@@ -400,7 +419,7 @@ def render(args, rows: list, matmul: dict, cfg: GPTConfig, big: GPTConfig,
             error = error if len(error) <= 200 else error[:197] + "..."
             lines.append(f"| {label} | {error} | n/a | n/a | n/a | n/a |")
             continue
-        lines.append(f"| {label} | {r['median_s']:.4f} | {ratio(r, eager)} | {ratio(r, gloo)} | "
+        lines.append(f"| {label} | {r['median_s']:.4f} | {ratio(r, eager, adjacent=True)} | {ratio(r, gloo)} | "
                      f"{ratio(r, jax)} | {r.get('check', 'reference')} |")
     out = "\n".join(lines)
     if matmul is not None:
@@ -433,7 +452,8 @@ def section_body(args, table: str, cfg: GPTConfig, rows: list) -> str:
             f"seconds per training step (host batch to loss on the host), median of {args.steps} "
             f"steps after {args.warmup} warm-up steps, in each of {args.rounds} rounds that run "
             "every row in turn (s/step: the median over rounds; \"vs X\": the median of the "
-            "rounds' ratios, each pair measured minutes apart at most), side by side in one run on "
+            "rounds' ratios; an spmd row's \"vs eager\" divides by the mean of the CPU eager "
+            "runs right before and right after it, seconds apart), side by side in one run on "
             f"{cores()} cores ({datetime.date.today().isoformat()}, torch {torch.__version__}"
             f"{jax_text}). CPU eager and spmd rows use {args.threads} intra-op threads; gloo DDP "
             f"is {GLOO_PROCS} processes x 1 thread x batch {cfg.batch // GLOO_PROCS} (rank 0's "
@@ -500,18 +520,22 @@ def main() -> None:
         npz = os.path.join(tmp, "params_and_tokens.npz") if not args.skip_jax else ""
         for rnd in range(args.rounds):
             tag = f"[step_time] round {rnd + 1}/{args.rounds}:"
-            print(f"{tag} CPU eager", file=sys.stderr)
-            eager = run_child(args, "eager", threads_env, *([npz] if npz and rnd == 0 else []))
-            if "error" in eager:
-                raise SystemExit(f"CPU eager row failed: {eager['error']}\n{eager['stderr']}")
-            labels["eager"] = f"CPU eager (torch, {eager['threads']} threads)"
-            runs.setdefault("eager", []).append(eager)
+            # CPU eager runs before the first spmd row and after each one: a row's "vs eager"
+            # divides by the mean of the eager runs right around it (seconds apart, where the
+            # host's speed drifts by tens of percent over minutes).
+            before = run_eager(args, tag, threads_env, npz if rnd == 0 else "")
+            labels["eager"] = f"CPU eager (torch, {before['threads']} threads)"
+            runs.setdefault("eager", []).append(before)
             for key, label, strategy, devices in SPMD_ROWS:
                 print(f"{tag} {label}", file=sys.stderr)
                 labels[key] = label
-                runs.setdefault(key, []).append(
-                    run_child(args, "spmd", dict(threads_env, SPMD_NUM_DEVICES=str(devices)),
-                              strategy, devices))
+                row = run_child(args, "spmd", dict(threads_env, SPMD_NUM_DEVICES=str(devices)),
+                                strategy, devices)
+                after = run_eager(args, tag, threads_env, "")
+                row["eager_around_s"] = (before["median_s"] + after["median_s"]) / 2
+                runs.setdefault(key, []).append(row)
+                runs["eager_all"] = runs.get("eager_all", []) + [after]
+                before = after
             if not args.skip_gloo:
                 print(f"{tag} gloo DDP", file=sys.stderr)
                 labels["gloo"] = (f"gloo DDP, {GLOO_PROCS} processes x 1 thread, batch "
@@ -530,8 +554,11 @@ def main() -> None:
                 runs.setdefault("matmul_eager", []).append(
                     run_child(args, "matmul", threads_env, "eager"))
     eager = merge_rounds(runs["eager"])
+    # The eager row's s/step: the median over every eager run (each round's first decides the
+    # ratios of the gloo and JAX rows, measured in the same round).
+    eager["median_s"] = statistics.median(r["median_s"] for r in runs["eager"] + runs["eager_all"])
     rows = [("eager", labels["eager"], eager)]
-    for key in [k for k in runs if k not in ("eager", "matmul", "matmul_eager")]:
+    for key in [k for k in runs if k not in ("eager", "eager_all", "matmul", "matmul_eager")]:
         r = merge_rounds(runs[key])
         check_losses(r, eager["losses"], compared, args.loss_rtol)
         rows.append((key, labels[key], r))

@@ -1,6 +1,6 @@
 """Smoke test of benchmarks/step_time.py (issue 11): the --quick run (tiny models, no gloo, no
 JAX) finishes, prints every row of its table and the matmul-bound line, every spmd row's
-losses agree with CPU eager, and --out writes the section ready for docs/benchmarks.md."""
+losses agree with CPU eager, eager runs around every spmd row, and --out writes the section ready for docs/benchmarks.md."""
 import os
 import subprocess
 import sys
@@ -17,6 +17,9 @@ def test_step_time_quick(tmp_path):
          "--warmup", "1", "--threads", "1", "--rounds", "2", "--out", str(out)],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # CPU eager runs before the first spmd row and after each of the 4, in each of 2 rounds:
+    # every spmd row's ratio divides by the eager runs right around it.
+    assert proc.stderr.count("CPU eager\n") == 2 * 5, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("| config | s/step | vs eager | vs gloo DDP | vs JAX |")
     rows = [line for line in lines[2:] if line.startswith("| ")]
