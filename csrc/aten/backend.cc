@@ -356,13 +356,6 @@ class QuietWarnings {
   c10::WarningUtils::WarningHandlerGuard guard_;
 };
 
-bool HasScalarListArg(const c10::FunctionSchema& schema) {
-  for (const c10::Argument& a : schema.arguments())
-    if (auto list = a.type()->cast<c10::ListType>())
-      if (list->getElementType()->kind() == c10::TypeKind::NumberType) return true;
-  return false;
-}
-
 std::unique_ptr<torch::Library>& CaptureLibrary() {
   static auto* lib = new std::unique_ptr<torch::Library>();
   return *lib;
@@ -401,13 +394,12 @@ void RegisterBackend() {
       if (name.name == "aten::detach") continue;
       std::string short_name = name.name.substr(6);
       if (!name.overload_name.empty()) short_name += "." + name.overload_name;
-      // Some list ops decompose into per-tensor ops (their composite kernels loop) instead of
-      // being recorded as one node: those without a sharding rule (_foreach_norm, ...), which
-      // would run replicated, and those taking a Scalar[] (an optimizer's per-parameter step
-      // sizes, new every step), whose per-tensor ops take each scalar as a run-time value, so
-      // that steps do not recompile.
-      if (name.name.rfind("aten::_foreach_", 0) == 0 &&
-          (!partition::HasRuleFor("aten::" + short_name) || HasScalarListArg(op->schema())))
+      // List ops without a sharding rule (_foreach_norm, ...), which would run replicated,
+      // decompose into per-tensor ops (their composite kernels loop) instead of being recorded
+      // as one node. Those taking a Scalar[] (an optimizer's per-parameter step sizes, new
+      // every step) are recorded whole: each value is a run-time scalar, so steps do not
+      // recompile.
+      if (name.name.rfind("aten::_foreach_", 0) == 0 && !partition::HasRuleFor("aten::" + short_name))
         continue;
       lib->impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&LazyFallback>());
       ++g_num_captured;

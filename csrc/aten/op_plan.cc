@@ -39,6 +39,7 @@ ir::ArgType ClassifyArg(const c10::TypePtr& real_type, bool* optional) {
       if (e->kind() == K::IntType || e->kind() == K::SymIntType) return ir::ArgType::kIntList;
       if (e->kind() == K::FloatType) return ir::ArgType::kFloatList;
       if (e->kind() == K::BoolType) return ir::ArgType::kBoolList;
+      if (e->kind() == K::NumberType) return ir::ArgType::kScalarList;
       return ir::ArgType::kOther;
     }
     default: return ir::ArgType::kOther;

@@ -160,6 +160,31 @@ class ArgConverter {
         meta_.push_back(v);
         return;
       }
+      case ir::ArgType::kScalarList: {
+        // Every value is a run-time input (a list optimizer's step sizes change every step);
+        // the kinds stay in the key (type promotion). An integer a double cannot hold exactly
+        // is not recordable.
+        Arg a;
+        a.kind = Arg::Kind::kScalarList;
+        a.dynamic = true;
+        for (const c10::IValue& e : v.toListRef()) {
+          c10::Scalar s = e.toScalar();
+          if (s.isComplex()) {
+            unsupported = true;
+            continue;
+          }
+          Arg one = ScalarArg(s);
+          const double value = one.kind == Arg::Kind::kScalarDouble ? one.d : static_cast<double>(one.i);
+          if (one.kind != Arg::Kind::kScalarDouble && static_cast<int64_t>(value) != one.i)
+            unsupported = true;
+          a.ints.push_back(static_cast<int64_t>(one.kind));
+          a.doubles.push_back(value);
+        }
+        Mix(HashCombine(HashInt(static_cast<int64_t>(a.kind)), HashInts(a.ints)));
+        args_.push_back(std::move(a));
+        meta_.push_back(v);
+        return;
+      }
       case ir::ArgType::kDevice:
         args_.push_back(Arg{Arg::Kind::kDevice});
         meta_.push_back(c10::IValue(c10::Device(c10::kMeta)));

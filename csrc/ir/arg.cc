@@ -6,7 +6,8 @@ namespace spmd::ir {
 
 Hash Arg::hash() const {
   Hash h = HashInt(static_cast<int64_t>(kind) * 4 + (dynamic ? 1 : 0) + (wrapped ? 2 : 0));
-  if (dynamic) return h;
+  // A dynamic list's values are run-time inputs; its length and element kinds are not.
+  if (dynamic) return kind == Kind::kScalarList ? HashCombine(h, HashInts(ints)) : h;
   switch (kind) {
     case Kind::kDouble:
     case Kind::kScalarDouble:
@@ -47,8 +48,9 @@ std::string Arg::ToString() const {
     case Kind::kInt: case Kind::kScalarInt: return prefix + std::to_string(i);
     case Kind::kDouble: case Kind::kScalarDouble: return prefix + FormatDouble(d);
     case Kind::kIntList: case Kind::kBoolList: return JoinInts(ints);
-    case Kind::kDoubleList: {
-      std::string s = "[";
+    case Kind::kDoubleList:
+    case Kind::kScalarList: {
+      std::string s = kind == Kind::kScalarList ? prefix + "[" : "[";
       for (size_t k = 0; k < doubles.size(); ++k) s += (k ? "," : "") + FormatDouble(doubles[k]);
       return s + "]";
     }

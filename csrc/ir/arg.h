@@ -30,6 +30,8 @@ struct Arg {
     kLayout,         // i = c10::Layout value
     kDevice,         // the spmd device; replay runs on CPU
     kMemoryFormat,   // i = c10::MemoryFormat value
+    kScalarList,     // Scalar[]: doubles = the values, ints = each one's kind (kScalarInt,
+                     // kScalarDouble, kScalarBool); always dynamic, one run-time slot each
   };
 
   Kind kind = Kind::kNone;
@@ -66,6 +68,12 @@ struct Arg {
   static Arg ScalarType(int64_t dtype) { Arg a; a.kind = Kind::kScalarType; a.i = dtype; return a; }
 
   bool is_none() const { return kind == Kind::kNone; }
+  // How many run-time scalar slots the arg takes: one per dynamic Scalar, one per element of
+  // a Scalar list, none for constants.
+  int32_t num_slots() const {
+    if (!dynamic) return 0;
+    return kind == Kind::kScalarList ? static_cast<int32_t>(doubles.size()) : 1;
+  }
   bool is_scalar() const {
     return kind == Kind::kScalarInt || kind == Kind::kScalarDouble || kind == Kind::kScalarBool;
   }

@@ -46,6 +46,12 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
     key = HashCombine(key, h);
     for (const Arg& a : n->args()) {
       if (!a.dynamic) continue;
+      if (a.kind == Arg::Kind::kScalarList) {
+        for (size_t e = 0; e < a.doubles.size(); ++e)
+          g.scalars.push_back(ScalarValue{static_cast<Arg::Kind>(a.ints[e]),
+                                          static_cast<int64_t>(a.doubles[e]), a.doubles[e]});
+        continue;
+      }
       g.scalars.push_back(ScalarValue{a.kind, a.i, a.d});
     }
   }

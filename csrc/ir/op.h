@@ -20,6 +20,7 @@ enum class ArgType : uint8_t {
   kBoolList,
   kString,
   kScalar,
+  kScalarList,  // Scalar[] (a list optimizer's per-tensor step sizes)
   kScalarType,
   kLayout,
   kDevice,

@@ -68,8 +68,10 @@ const LocalValue* ProgramBuilder::FindResolved(const ir::Value& v) const {
 
 std::vector<ir::Arg> WithScalarSlots(std::vector<ir::Arg> args, int32_t first_slot) {
   int32_t slot = first_slot;
-  for (ir::Arg& a : args)
-    if (a.dynamic) a.slot = slot++;
+  for (ir::Arg& a : args) {
+    if (a.dynamic) a.slot = slot;
+    slot += a.num_slots();
+  }
   return args;
 }
 

@@ -50,7 +50,7 @@ class Partitioner {
     for (const ir::Value& out : graph.outputs) ++uses_[{out.node.get(), out.index}];
     for (const ir::NodePtr& n : graph.nodes) {
       scalar_base_[n.get()] = slot;
-      for (const ir::Arg& a : n->args()) slot += a.dynamic ? 1 : 0;
+      for (const ir::Arg& a : n->args()) slot += a.num_slots();
     }
   }
 

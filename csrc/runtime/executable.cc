@@ -210,7 +210,9 @@ void Executable::Lower() {
           SPMD_CHECK(arg.slot >= 0, "internal error: run-time scalar without a slot in ",
                      n->op()->qualified);
           bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
-          ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator});
+          const int list_size =
+              arg.kind == K::kScalarList ? static_cast<int>(arg.doubles.size()) : -1;
+          ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator, list_size});
           ins.random |= generator;
         }
         ins.stack.push_back(ConstantIValue(arg));
@@ -354,6 +356,14 @@ std::vector<at::Tensor> Executable::CallKernel(const Instruction& ins, std::vect
       // The seed the recorder drew for this random op: same values on every run.
       stack[sa.position] = c10::IValue(at::make_generator<at::CPUGeneratorImpl>(
           static_cast<uint64_t>(scalars.at(sa.scalar_index).i) + TileSeedOffset(tile)));
+      continue;
+    }
+    if (sa.list_size >= 0) {
+      c10::impl::GenericList list(c10::NumberType::get());
+      list.reserve(sa.list_size);
+      for (int e = 0; e < sa.list_size; ++e)
+        list.push_back(c10::IValue(ToScalar(scalars.at(sa.scalar_index + e))));
+      stack[sa.position] = c10::IValue(std::move(list));
       continue;
     }
     c10::Scalar s = ToScalar(scalars.at(sa.scalar_index));

@@ -74,6 +74,7 @@ class Executable {
       int scalar_index;  // index into the run's scalars
       bool wrapped;      // pass as a wrapped-number tensor
       bool generator;    // a random op's seed: pass a CPU generator seeded with it
+      int list_size;     // a Scalar[]: this many scalars from scalar_index on; -1: one Scalar
     };
     std::vector<ScalarArg> scalar_args;
     std::vector<const std::string*> labels;  // per output, for the device memory report
