@@ -174,11 +174,12 @@ class ArgConverter {
             continue;
           }
           Arg one = ScalarArg(s);
-          const double value = one.kind == Arg::Kind::kScalarDouble ? one.d : static_cast<double>(one.i);
-          if (one.kind != Arg::Kind::kScalarDouble && static_cast<int64_t>(value) != one.i)
+          constexpr int64_t kExact = int64_t{1} << 53;  // doubles hold integers up to 2^53
+          if (one.kind == Arg::Kind::kScalarInt && (one.i > kExact || one.i < -kExact))
             unsupported = true;
           a.ints.push_back(static_cast<int64_t>(one.kind));
-          a.doubles.push_back(value);
+          a.doubles.push_back(one.kind == Arg::Kind::kScalarDouble ? one.d
+                                                                  : static_cast<double>(one.i));
         }
         Mix(HashCombine(HashInt(static_cast<int64_t>(a.kind)), HashInts(a.ints)));
         args_.push_back(std::move(a));

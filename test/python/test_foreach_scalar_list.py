@@ -101,3 +101,18 @@ def test_foreach_adam_records_one_node_per_list_op():
         torch_spmd.sync()
     for a, b in zip(dev_model.parameters(), ref.parameters()):
         torch.testing.assert_close(a.cpu(), b.detach(), rtol=1e-9, atol=1e-9)
+
+
+def test_integer_beyond_double_precision_stays_exact():
+    # 2**60 + 1 has no exact double: the op is not recorded with it but runs on the host
+    # (an eager fallback), with the exact value.
+    ensure_devices()
+    ints = _lists(torch.int64)
+    scalars = [2 ** 60 + 1, 3, -(2 ** 60) - 1]
+    want = torch._foreach_add(ints, scalars)
+    before = metrics.counter_value("EagerFallback") or 0
+    got = torch._foreach_add(_on_device(ints), scalars)
+    torch_spmd.sync()
+    assert (metrics.counter_value("EagerFallback") or 0) > before
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
