@@ -534,7 +534,7 @@ def main() -> None:
                 after = run_eager(args, tag, threads_env, "")
                 row["eager_around_s"] = (before["median_s"] + after["median_s"]) / 2
                 runs.setdefault(key, []).append(row)
-                runs["eager_all"] = runs.get("eager_all", []) + [after]
+                runs.setdefault("eager_all", []).append(after)
                 before = after
             if not args.skip_gloo:
                 print(f"{tag} gloo DDP", file=sys.stderr)
