@@ -18,6 +18,7 @@
 #include "runtime/compile_cache.h"
 #include "runtime/device_data.h"
 #include "runtime/device_set.h"
+#include "runtime/error_message.h"
 
 namespace py = pybind11;
 
@@ -161,19 +162,22 @@ void BindGraph(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   // c10 errors carry a C++ backtrace in what(); users get the message, as with torch's own ops.
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Local to this module: a global translator would also rewrite the exceptions of torch's own
+  // bindings (HashStore.get's DistStoreError would become a plain RuntimeError).
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    using spmd::runtime::UserMessage;
     try {
       if (p) std::rethrow_exception(p);
     } catch (const c10::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+      PyErr_SetString(PyExc_ValueError, UserMessage(e));
     } catch (const c10::IndexError& e) {
-      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+      PyErr_SetString(PyExc_IndexError, UserMessage(e));
     } catch (const c10::TypeError& e) {
-      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+      PyErr_SetString(PyExc_TypeError, UserMessage(e));
     } catch (const c10::NotImplementedError& e) {
-      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+      PyErr_SetString(PyExc_NotImplementedError, UserMessage(e));
     } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+      PyErr_SetString(PyExc_RuntimeError, UserMessage(e));
     }
   });
   spmd::BindMetrics(m);

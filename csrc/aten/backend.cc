@@ -128,7 +128,7 @@ bool CheckMutationDevices(const c10::OperatorHandle& op, const torch::jit::Stack
     const c10::IValue& v = stack[i];
     if (v.isTensor()) visit(v.toTensor());
     else if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) visit(t);
+      for (at::Tensor t : v.toTensorList()) visit(t);
     else if (v.isList())  // Tensor?[]: index tensors, which may live on the host (as with CUDA)
       for (const c10::IValue& e : v.toListRef())
         if (e.isTensor() && F::isFunctionalTensor(e.toTensor())) any_functional = true;
@@ -183,7 +183,7 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     const c10::IValue& v = (*stack)[i];
     if (v.isTensor()) any_functional |= F::isFunctionalTensor(v.toTensor());
     else if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) any_functional |= F::isFunctionalTensor(t);
+      for (at::Tensor t : v.toTensorList()) any_functional |= F::isFunctionalTensor(t);
   }
   if (!any_functional || !k.functional) return k.original.callBoxed(op, ks, stack);
 
@@ -205,7 +205,7 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
       call.push_back(unwrap(v.toTensor()));
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(unwrap(t));
+      for (at::Tensor t : v.toTensorList()) list.push_back(unwrap(t));
       call.push_back(list);
     } else {
       call.push_back(v);
@@ -217,7 +217,7 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   }
   std::vector<at::Tensor> results;
   for (const c10::IValue& v : call)
-    for (const at::Tensor& t : v.toTensorList()) results.push_back(t);
+    for (at::Tensor t : v.toTensorList()) results.push_back(t);
   TORCH_CHECK(results.size() == written.size(), schema.name(), ": its functional variant returned ",
               results.size(), " tensors for ", written.size(), " written ones");
   for (size_t i = 0; i < written.size(); ++i) {
@@ -417,6 +417,7 @@ void RegisterBackend() {
     ViewLibrary() = std::move(view_lib);
     RegisterBatchedMatmul();
     RegisterHooks();
+    EnsureAutogradDeviceQueue();
     RegisterMissingMetaKernels();
   });
 }

@@ -11,6 +11,10 @@ void RegisterBackend();
 // Registers the PrivateUse1 hooks torch 2.x requires (hooks.cc). Called by RegisterBackend.
 void RegisterHooks();
 
+// Gives spmd:0 its autograd worker queue even when a backward ran before torch_spmd was
+// imported (autograd_queue.cc). Called by RegisterBackend.
+void EnsureAutogradDeviceQueue();
+
 // Records torch.matmul of same-batch >= 3-D operands as one node (matmul_autograd.cc).
 void RegisterBatchedMatmul();
 

@@ -14,6 +14,7 @@
 #include "aten/sync.h"
 #include "core/metrics.h"
 #include "runtime/device_data.h"
+#include "runtime/error_message.h"
 
 namespace spmd::aten {
 
@@ -114,7 +115,7 @@ class ArgConverter {
         Arg a;
         a.kind = Arg::Kind::kTensorList;
         c10::List<at::Tensor> meta_list;
-        for (const at::Tensor& t : v.toTensorList()) {
+        for (at::Tensor t : v.toTensorList()) {
           c10::IValue meta;
           Arg e = ConvertTensor(t, &meta, nullptr);
           if (e.kind != Arg::Kind::kTensor) unsupported = true;  // wrapped numbers in a list
@@ -315,7 +316,7 @@ class ArgConverter {
     if (type == ir::ArgType::kTensor && v.isTensor()) return MetaOf(v.toTensor());
     if (type == ir::ArgType::kTensorList && v.isTensorList()) {
       c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(MetaOf(t));
+      for (at::Tensor t : v.toTensorList()) list.push_back(MetaOf(t));
       return list;
     }
     if (type == ir::ArgType::kOptionalTensorList && v.isList()) {
@@ -350,7 +351,7 @@ ShapeResult ShapesFromMetaReturns(const torch::jit::Stack& stack) {
   for (const c10::IValue& v : stack) {
     if (v.isTensorList()) {
       auto list = v.toTensorList();
-      for (const at::Tensor& t : list) r.types.push_back(type_of(t));
+      for (at::Tensor t : list) r.types.push_back(type_of(t));
       r.counts.push_back(static_cast<int>(list.size()));
     } else {
       r.types.push_back(v.isTensor() ? type_of(v.toTensor()) : TensorType{DType::kUndefined, {}});
@@ -421,7 +422,7 @@ const std::vector<OpPlan::ViewLayout>& CacheViewLayouts(OpPlan& plan, uint64_t k
       };
       if (v.isTensor()) add(v.toTensor());
       else if (v.isTensorList())
-        for (const at::Tensor& t : v.toTensorList()) add(t);
+        for (at::Tensor t : v.toTensorList()) add(t);
     }
   } catch (const std::exception&) {
     layouts.clear();  // no layout for these arguments: the outputs keep contiguous metadata
@@ -512,7 +513,7 @@ void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
       v = to_host(v.toTensor(), schema.is_write, &impls[i]);
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(to_host(t, schema.is_write, nullptr));
+      for (at::Tensor t : v.toTensorList()) list.push_back(to_host(t, schema.is_write, nullptr));
       v = list;
     } else if (schema.type == ir::ArgType::kOptionalTensorList && v.isList()) {
       c10::List<c10::optional<at::Tensor>> list;
@@ -538,7 +539,7 @@ void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
       }
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList()) list.push_back(WrapOutput(UploadValue(t), !any_lazy));
+      for (at::Tensor t : v.toTensorList()) list.push_back(WrapOutput(UploadValue(t), !any_lazy));
       stack->push_back(list);
     } else {
       stack->push_back(std::move(v));
@@ -623,7 +624,7 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
         return RunEager(plan, stack);
       } catch (const std::exception& e) {
         TORCH_CHECK(false, plan.info->qualified, ": cannot infer the output shapes for inputs ",
-                    inputs, ": ", e.what());
+                    inputs, ": ", runtime::UserMessage(e));
       }
     }
     {

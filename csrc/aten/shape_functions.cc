@@ -62,7 +62,7 @@ void MirrorLeadingListsMeta(const c10::OperatorHandle& op, torch::jit::Stack* st
   std::vector<c10::IValue> results;
   for (size_t r = 0; r < schema.returns().size(); ++r) {
     c10::List<at::Tensor> list;
-    for (const at::Tensor& t : (*stack)[first + r].toTensorList())
+    for (at::Tensor t : (*stack)[first + r].toTensorList())
       list.push_back(at::empty_like(t, t.options().device(c10::kMeta)));
     results.emplace_back(std::move(list));
   }

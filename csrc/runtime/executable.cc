@@ -402,7 +402,7 @@ std::vector<at::Tensor> Executable::CallKernel(const Instruction& ins, std::vect
     if (r.isTensor()) outs.push_back(r.toTensor());
     else if (r.isNone()) outs.emplace_back();  // an optional return left empty
     else if (r.isTensorList())
-      for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
+      for (at::Tensor t : r.toTensorList()) outs.push_back(t);
   }
   // Written inputs that no return carries (native_batch_norm's running stats) are extra
   // outputs, in argument order (the recorder gave the node one output per such argument).

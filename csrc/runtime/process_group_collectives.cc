@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "core/error.h"
+#include "runtime/error_message.h"
 #include "runtime/tile_ops.h"
 
 namespace spmd::runtime {
@@ -52,8 +53,19 @@ void Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
     work->wait();
   } catch (const std::exception& e) {
     // A peer that died or timed out: name the collective, keep gloo's reason.
-    SPMD_FAIL(what, " across processes failed: ", e.what());
+    SPMD_FAIL(what, " across processes failed: ", UserMessage(e));
   }
+}
+
+// ProcessGroup's all-to-all of one tensor: all_to_all_single where torch has it (alltoall_base
+// is deprecated there), alltoall_base on older torches (2.6).
+template <typename Group>
+c10::intrusive_ptr<c10d::Work> AllToAllSingle(Group& pg, at::Tensor& recv, at::Tensor& send,
+                                              std::vector<int64_t>& splits) {
+  if constexpr (requires { pg.all_to_all_single(recv, send, splits, splits); })
+    return pg.all_to_all_single(recv, send, splits, splits);
+  else
+    return pg.alltoall_base(recv, send, splits, splits);
 }
 
 }  // namespace
@@ -119,7 +131,7 @@ std::vector<at::Tensor> ProcessGroupCollectives::Exchange(
   at::Tensor send = at::stack(by_pg_rank, 0);
   at::Tensor recv = at::empty_like(send, at::MemoryFormat::Contiguous);
   std::vector<int64_t> equal_splits;
-  Wait(c.pg->alltoall_base(recv, send, equal_splits, equal_splits), "all-to-all");
+  Wait(AllToAllSingle(*c.pg, recv, send, equal_splits), "all-to-all");
   std::vector<at::Tensor> got(k);
   for (size_t m = 0; m < k; ++m) got[m] = recv.select(0, c.pg_rank[m]);
   return got;
