@@ -22,11 +22,15 @@ namespace {
 using torch::autograd::Engine;
 using torch::autograd::ReadyQueue;
 
-// The engine keeps its device queues protected; a derived class may name the member, and the
-// pointer to it applies to any Engine.
-struct EngineQueues : Engine {
-  static std::vector<std::shared_ptr<ReadyQueue>>& Of(Engine& engine) {
-    return engine.*(&EngineQueues::device_ready_queues_);
+// The engine keeps its start-up state protected; a derived class may name the members, and the
+// pointers to them apply to any Engine.
+struct EngineState : Engine {
+  static std::vector<std::shared_ptr<ReadyQueue>>& Queues(Engine& engine) {
+    return engine.*(&EngineState::device_ready_queues_);
+  }
+  // Set by the engine's device-thread start-up (the first backward), whatever it found.
+  static bool Started(Engine& engine) {
+    return engine.*(&EngineState::thread_pool_shared_) != nullptr;
   }
 };
 
@@ -36,10 +40,11 @@ void EnsureAutogradDeviceQueue() {
   static std::once_flag once;
   std::call_once(once, [] {
     Engine& engine = Engine::get_default_engine();
-    // Before any backward this starts the engine's device threads now, spmd:0 counted (the
-    // guard is registered when the module loads); after one it does nothing.
-    engine.initialize_device_threads_pool();
-    std::vector<std::shared_ptr<ReadyQueue>>& queues = EngineQueues::Of(engine);
+    // Not started yet: the first backward will count spmd:0 (its guard is registered when the
+    // module loads). Threads are not started here: a process that forks after importing
+    // torch_spmd must keep its children's autograd usable, as torch itself allows.
+    if (!EngineState::Started(engine)) return;
+    std::vector<std::shared_ptr<ReadyQueue>>& queues = EngineState::Queues(engine);
     const size_t needed = static_cast<size_t>(SpmdDevice().index()) + 1;
     // The engine wrote this vector once, at its start-up, which is over. It is short only when
     // it holds no queue at all (a process without other devices): then no backward reads it,

@@ -21,6 +21,7 @@ import torch_spmd  # noqa: F401
 import torch_spmd.core.xla_model as xm
 import torch_spmd.distributed as tsd
 import torch_spmd.distributed.xla_multiprocessing as xmp
+from torch_spmd.distributed._process_world import tcpstore_has_libuv
 
 # Replicas that wait for a dead peer give up after this many seconds (the parent stops them
 # sooner): a broken test fails instead of hanging.
@@ -654,6 +655,15 @@ def _check_torchrun_world(out_dir, world, local_world):
             torch.testing.assert_close(g[name], want.detach(), rtol=1e-5, atol=1e-6)
 
 
+# torchrun creates its rendezvous store with libuv whatever USE_LIBUV says (pytorch#148283), so
+# it cannot start on a torch built without libuv (Debian's 2.6). torch_spmd's own rendezvous
+# (xmp.spawn, init_multiprocess) falls back to the classic store there, and is tested above.
+needs_torchrun = pytest.mark.skipif(
+    not tcpstore_has_libuv(),
+    reason="torchrun cannot start on a torch built without libuv (pytorch#148283)")
+
+
+@needs_torchrun
 def test_torchrun_workers_are_replicas_through_xmp_spawn(tmp_path):
     """``torchrun --nproc-per-node=2 script.py`` where the script calls xmp.spawn."""
     args = ["--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
@@ -662,6 +672,7 @@ def test_torchrun_workers_are_replicas_through_xmp_spawn(tmp_path):
     _check_torchrun_world(out_dir, world=2, local_world=2)
 
 
+@needs_torchrun
 def test_two_torchruns_form_one_world(tmp_path):
     """Two torchruns (as on two machines: --nnodes=2, --node-rank 0 and 1) of 2 workers each
     make one world of 4; the script initializes torch.distributed itself."""

@@ -534,6 +534,14 @@ def test_private_spec_binding_still_works_on_plain_tensors():
 # XLAShardedTensor as a DTensor (PyTorch/XLA 2.x): placements, _spec, device_mesh, redistribute
 
 
+def _dtensor_has_shard_order():
+    try:
+        from torch.distributed.tensor._dtensor_spec import ShardOrderEntry  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def test_sharded_tensor_is_a_dtensor_with_placements():
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import Replicate, Shard
@@ -553,7 +561,11 @@ def test_sharded_tensor_is_a_dtensor_with_placements():
     assert both.placements == (Shard(1), Shard(1))
     rev = xs.mark_sharding(dev_tensor(torch.randn(8, 4)), mesh, (("model", "data"), None))
     assert rev.placements == (Shard(0), Shard(0))
-    assert [tuple(e.mesh_dims) for e in rev._spec.shard_order] == [(1, 0)]
+    if _dtensor_has_shard_order():
+        assert [tuple(e.mesh_dims) for e in rev._spec.shard_order] == [(1, 0)]
+    else:  # torch 2.6: the placements hold, the order cannot be expressed
+        with pytest.raises(NotImplementedError, match=r"mesh axes \[\(1, 0\)\] out of increasing"):
+            rev._spec
     # A custom device order is kept.
     custom = Mesh([7, 6, 5, 4, 3, 2, 1, 0], (8,))
     c = xs.mark_sharding(dev_tensor(torch.randn(8)), custom, (0,))

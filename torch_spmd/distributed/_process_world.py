@@ -8,6 +8,7 @@ Python, where torch.distributed keeps its bookkeeping) and hands their C++ objec
 ``torch_spmd._C``, which runs the collectives without the GIL.
 """
 import datetime
+import functools
 import os
 
 import torch.distributed as dist
@@ -21,6 +22,27 @@ from .. import runtime
 TIMEOUT_ENV = "SPMD_DIST_TIMEOUT"
 _DEFAULT_TIMEOUT = 1800
 
+
+@functools.lru_cache(maxsize=None)
+def tcpstore_has_libuv() -> bool:
+    """Whether this torch's TCPStore has its libuv backend, the default that ``env://`` asks
+    for. Debian's torch is built without it, and there the default fails ("use_libuv was
+    requested but PyTorch was build without libuv support"). Probed once with a store on an
+    ephemeral loopback port."""
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              use_libuv=True)
+    except RuntimeError as e:
+        if "libuv" in str(e):
+            return False
+        raise
+    del store
+    return True
+
+
+def env_init_method() -> str:
+    """``env://``, with TCPStore's classic backend where the torch lacks libuv."""
+    return "env://" if tcpstore_has_libuv() else "env://?use_libuv=0"
 
 
 class _World:
@@ -103,7 +125,7 @@ def init(rank: int, world_size: int, local_rank: int, local_world_size: int,
         owns_group = not dist.is_initialized()
         if owns_group:
             dist.init_process_group(
-                "gloo", init_method="env://", rank=rank, world_size=world_size,
+                "gloo", init_method=env_init_method(), rank=rank, world_size=world_size,
                 timeout=datetime.timedelta(seconds=timeout))
         elif dist.get_rank() != rank or dist.get_world_size() != world_size:
             raise RuntimeError(

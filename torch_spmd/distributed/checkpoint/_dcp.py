@@ -15,6 +15,7 @@ Leftover ``.<name>.dcp-*`` directories of killed saves are removed by the next s
 
 Single writer per checkpoint path.
 """
+import inspect
 import os
 import shutil
 import uuid
@@ -84,11 +85,23 @@ def _unwrap_failure(e: CheckpointException) -> BaseException:
     return e
 
 
-def _single_process(fn, *args, **kwargs) -> Any:
-    """Runs a DCP entry point in its single-process mode (one process drives every spmd
-    device), without DCP's warning about it, re-raising the original error."""
+def _single_process_entry(name: str):
+    """DCP's ``save``/``load`` where they take ``no_dist`` (torch >= 2.7). torch 2.6's do not
+    (they assume one process only while torch.distributed is uninitialized, which multi-process
+    mode is not); its ``save_state_dict``/``load_state_dict`` take it and the same keywords."""
+    fn = getattr(dist_cp, name)
+    if "no_dist" in inspect.signature(fn).parameters:
+        return fn
+    return getattr(dist_cp, f"{name}_state_dict")
+
+
+def _single_process(name: str, *args, **kwargs) -> Any:
+    """Runs DCP's ``save`` or ``load`` in its single-process mode (one process drives every
+    spmd device), without DCP's warnings about it, re-raising the original error."""
+    fn = _single_process_entry(name)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message=f"`{name}_state_dict` is deprecated")
         try:
             return fn(*args, no_dist=True, **kwargs)
         except CheckpointException as e:
@@ -139,7 +152,7 @@ def save_dcp(state_dict: Any, path: str, *, thread_count: int = 1) -> None:
     new = _new_sibling(path, _NEW_TAG)
     try:
         writer = dist_cp.FileSystemWriter(new, sync_files=True, thread_count=thread_count)
-        _single_process(dist_cp.save, state_dict, storage_writer=writer,
+        _single_process("save", state_dict, storage_writer=writer,
                         planner=SPMDSavePlanner())
         replace_dir(new, path)
     except BaseException:
@@ -147,6 +160,28 @@ def save_dcp(state_dict: Any, path: str, *, thread_count: int = 1) -> None:
         raise
     for stale in _siblings(path, _NEW_TAG):  # what killed saves left behind
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _check_intact(path: str) -> None:
+    """RuntimeError naming ``path`` and the file when the checkpoint is damaged (a truncated or
+    garbled ``.metadata``, a data file shorter than the metadata says): DCP itself would fail
+    with a bare EOFError/UnpicklingError or an assertion that names neither."""
+    try:
+        metadata = dist_cp.FileSystemReader(path).read_metadata()
+    except Exception as e:
+        raise RuntimeError(f"damaged DCP checkpoint {path!r}: its {METADATA} cannot be read "
+                           f"({type(e).__name__}: {e})") from None
+    needed = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, end in sorted(needed.items()):
+        file = os.path.join(path, name)
+        size = os.path.getsize(file) if os.path.isfile(file) else None
+        if size is None or size < end:
+            held = "is missing" if size is None else f"holds {size} bytes"
+            raise RuntimeError(f"damaged DCP checkpoint {path!r}: data file {name!r} {held}, "
+                               f"its {METADATA} expects at least {end}")
 
 
 def load_dcp(state_dict: Any, path: str, *, allow_partial_load: bool = False) -> None:
@@ -162,5 +197,6 @@ def load_dcp(state_dict: Any, path: str, *, allow_partial_load: bool = False) ->
     recover(path)
     if not is_dcp_checkpoint(path):
         raise FileNotFoundError(f"no DCP checkpoint in {path!r} ({METADATA} is missing)")
-    _single_process(dist_cp.load, state_dict, storage_reader=dist_cp.FileSystemReader(path),
+    _check_intact(path)
+    _single_process("load", state_dict, storage_reader=dist_cp.FileSystemReader(path),
                     planner=SPMDLoadPlanner(allow_partial_load=allow_partial_load))

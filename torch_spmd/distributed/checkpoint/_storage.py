@@ -75,14 +75,18 @@ def write_manifest(directory: str, manifest: dict) -> None:
 
 def read_manifest(directory: str) -> dict:
     """The committed manifest of ``directory``; FileNotFoundError if there is none (nothing
-    was ever committed there), ValueError if it is not a torch_spmd checkpoint manifest."""
+    was ever committed there), ValueError if it is not a torch_spmd checkpoint manifest,
+    RuntimeError if it is damaged."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no committed checkpoint in {directory!r} ({MANIFEST} is "
                                 "missing: never saved, or the first save was interrupted)")
     with open(path, "rb") as f:
-        manifest = json.loads(f.read().decode())
-    if manifest.get("format") != FORMAT:
+        try:
+            manifest = json.loads(f.read().decode())
+        except ValueError as e:  # truncated or garbled: JSONDecodeError, UnicodeDecodeError
+            raise RuntimeError(f"{path} cannot be read ({e}); the checkpoint is damaged") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a torch_spmd sharded checkpoint manifest")
     if manifest.get("version") != VERSION:
         raise ValueError(f"{path}: unsupported checkpoint version {manifest.get('version')}")

@@ -288,8 +288,9 @@ class XLAShardedTensor(DTensor):
         """The annotation as a DTensor ``DTensorSpec``: the mesh (a ``DeviceMesh`` of device
         type ``'xla'``: the one ``distribute_tensor`` was given, else the ``Mesh``'s devices)
         and one placement per mesh axis, ``Shard(dim)`` for the tensor dim(s) it tiles, else
-        ``Replicate()``. ValueError when the tensor has no recorded annotation (op results).
-        Cached until ``invalidate_spec_cache()`` (``wrap_as_sharded_tensor`` calls it)."""
+        ``Replicate()``. ValueError when the tensor has no recorded annotation (op results);
+        NotImplementedError for a dim tiled over mesh axes out of increasing order on a torch
+        whose DTensorSpec has no ``shard_order`` (2.6). Cached until ``invalidate_spec_cache()`` (``wrap_as_sharded_tensor`` calls it)."""
         from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
         if self._cached_spec is not None:
             return self._cached_spec
@@ -303,7 +304,28 @@ class XLAShardedTensor(DTensor):
                 "partition_spec must be specified to create DTensorSpec. "
                 "If this tensor was created through torch operations, it may be auto-wrapped. "
                 "Use wrap_as_sharded_tensor() to set partition_spec before accessing _spec. ")
-        mesh = self._device_mesh_for_spec()
+        placements, shard_order, needs_order = self._placements_and_order()
+        kwargs = {}
+        if needs_order:
+            try:
+                from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
+            except ImportError:
+                raise NotImplementedError(
+                    f"partition_spec {self.partition_spec} tiles a dim over mesh axes "
+                    f"{[m for _, m in shard_order]} out of increasing order, which this torch's "
+                    "DTensorSpec cannot express (it has no shard_order; newer torches do)"
+                ) from None
+            kwargs["shard_order"] = tuple(ShardOrderEntry(d, m) for d, m in shard_order)
+        g = self.global_tensor
+        self._cached_spec = DTensorSpec(
+            mesh=self._device_mesh_for_spec(), placements=placements,
+            tensor_meta=TensorMeta(shape=g.shape, stride=g.stride(), dtype=g.dtype), **kwargs)
+        return self._cached_spec
+
+    def _placements_and_order(self):
+        """The annotation's DTensor placements (``Shard(dim)`` on each mesh axis that tiles
+        ``dim``, else ``Replicate()``), each sharded dim's mesh axes major first, and whether
+        any dim lists them out of DTensor's default (increasing) order."""
         placements: List[Placement] = [Replicate() for _ in self.mesh_shape]
         shard_order = []
         needs_order = False
@@ -318,26 +340,17 @@ class XLAShardedTensor(DTensor):
             # partition-spec tuple lists them most major first.
             needs_order |= axes != sorted(axes)
             shard_order.append((tensor_dim, tuple(axes)))
-        kwargs = {}
-        if needs_order:
-            from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
-            kwargs["shard_order"] = tuple(ShardOrderEntry(d, m) for d, m in shard_order)
-        g = self.global_tensor
-        self._cached_spec = DTensorSpec(
-            mesh=mesh, placements=tuple(placements),
-            tensor_meta=TensorMeta(shape=g.shape, stride=g.stride(), dtype=g.dtype), **kwargs)
-        return self._cached_spec
+        return tuple(placements), shard_order, needs_order
 
     @property
     def placements(self) -> tuple:
         """The DTensor placements of the annotation (see ``_spec``); ValueError without one."""
-        try:
-            return self._spec.placements
-        except Exception:
+        if self.mesh_shape is None or self.partition_spec is None:
             raise ValueError(
                 "Placements not available: XLAShardedTensor requires mesh_shape and "
                 "partition_spec to be set. Use mark_sharding() to properly initialize sharding "
-                "information.") from None
+                "information.")
+        return self._placements_and_order()[0]
 
     def invalidate_spec_cache(self) -> None:
         """Forgets the cached ``_spec`` (after the annotation changed)."""

@@ -1,0 +1,92 @@
+"""torch_spmd leaves torch as it found it: autograd on the device works whatever ran before
+``import torch_spmd``, and torch's own bindings keep their exception types after it."""
+import datetime
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_spmd  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+# A CPU backward before the import (a CPU reference run, a library's self-test) starts autograd's
+# engine with no queue for the spmd device; every later device backward used to fail an internal
+# assert in Engine::ready_queue.
+CPU_BACKWARD_FIRST = """
+    import torch
+    x = torch.randn(3, requires_grad=True)
+    x.sum().backward()
+    import torch_spmd
+    y = torch.randn(3, device="spmd", requires_grad=True)
+    y.sum().backward()
+    print(y.grad.cpu().tolist())
+    # A model's backward on the device equals the same model's on CPU.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    dev = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to("spmd")
+    inp = torch.randn(5, 4)
+    cpu(inp).pow(2).sum().backward()
+    dev(inp.to("spmd")).pow(2).sum().backward()
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6)
+    x.grad = None
+    (x * 2).sum().backward()                    # CPU autograd still works too
+    assert x.grad.eq(2).all()
+    print("OK")
+"""
+
+
+def test_device_backward_after_a_cpu_backward_before_import():
+    r = _run(CPU_BACKWARD_FIRST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["[1.0,", "1.0,", "1.0]", "OK"], r.stdout
+
+
+def test_device_backward_when_imported_first():
+    r = _run("""
+        import torch, torch_spmd
+        y = torch.randn(3, device="spmd", requires_grad=True)
+        (y * 3).sum().backward()
+        x = torch.randn(3, requires_grad=True)
+        (x * 2).sum().backward()
+        assert y.grad.cpu().eq(3).all() and x.grad.eq(2).all()
+        print("OK")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr[-3000:]
+
+
+def test_torch_store_errors_keep_their_types():
+    """torch_spmd's exception translator is local to its module: HashStore.get of a missing key
+    still raises torch.distributed.DistStoreError (a global translator turned it into a plain
+    RuntimeError)."""
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(milliseconds=20))
+    with pytest.raises(dist.DistStoreError):
+        store.get("missing")
+
+
+def test_torch_spmd_errors_have_no_cpp_backtrace():
+    a = torch.ones(2, 3, device="spmd")
+    b = torch.ones(4, 3, device="spmd")
+    with pytest.raises(RuntimeError) as info:
+        a + b
+    msg = str(info.value)
+    assert "must match the size of tensor b (4)" in msg, msg
+    assert "Exception raised from" not in msg and "frame #" not in msg, msg
+    with pytest.raises(RuntimeError) as info:
+        a.view(5)
+    assert "frame #" not in str(info.value), str(info.value)
