@@ -383,6 +383,16 @@ def test_softmax_and_backward(dim, log, mesh_shape, spec):
           fwd=[] if free else only("all-gather", "all-to-all"), bwd=[] if free else None)
 
 
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "_safe_softmax"), reason="torch < 2.5")
+def test_safe_softmax_keeps_rows_sharded():
+    """scaled_dot_product_attention's math path: its rows stay sharded (no all-gather of the
+    scores), fully masked rows give zeros as on CPU."""
+    x = T(6, 4, 10)
+    x[1, 2] = float("-inf")
+    check(lambda x: torch.ops.aten._safe_softmax(x, -1), [x], [("data", "model", None)],
+          mesh_of((4, 2)), fwd=[])
+
+
 def test_softmax_backward_data_directly():
     mesh = mesh_of((4, 2))
     y = T(10, 6).softmax(1)

@@ -321,8 +321,10 @@ void RegisterViewRules() {
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
                  "aten::narrow_copy", "aten::cumsum"},
                 LinearIn(Positional(DimArg)));
+  // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
+  // path, torch >= 2.5).
   RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
-                 "aten::_log_softmax", "aten::_softmax_backward_data",
+                 "aten::_safe_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
                  "aten::_log_softmax_backward_data"},
                 Positional(DimArg));
   RegisterRules({"aten::flip", "aten::roll"}, LinearIn(Positional(DimsArg)));
