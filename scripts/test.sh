@@ -9,4 +9,6 @@ scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
 (cd "$BUILD_DIR" && ctest --output-on-failure)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-"$PYTHON" -m pytest -q test/python "$@"
+# Everything, the suites marked slow included (plain `pytest test/python` leaves them out);
+# `scripts/test.sh -m "not slow"` is the quick loop, later -m options win.
+"$PYTHON" -m pytest -q test/python -m "slow or not slow" "$@"

@@ -4,6 +4,10 @@ losses agree with CPU eager, eager runs around every spmd row, and --out writes 
 import os
 import subprocess
 import sys
+import pytest
+
+# Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "step_time.py")

@@ -3,6 +3,10 @@ import os
 import re
 import subprocess
 import sys
+import pytest
+
+# Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,6 +24,9 @@ from torch_spmd.distributed.fsdp.wrap import (size_based_auto_wrap_policy,
 
 from _fsdp_models import Block, WORLD, batches, local, mlp, transformer
 
+# Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
+
 os.environ.setdefault("SPMD_DIST_TIMEOUT", "60")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, LR = 10, 1e-2

@@ -23,6 +23,9 @@ import torch_spmd.distributed as tsd
 import torch_spmd.distributed.xla_multiprocessing as xmp
 from torch_spmd.distributed._process_world import tcpstore_has_libuv
 
+# Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
+
 # Replicas that wait for a dead peer give up after this many seconds (the parent stops them
 # sooner): a broken test fails instead of hanging.
 os.environ.setdefault("SPMD_DIST_TIMEOUT", "60")

@@ -19,6 +19,9 @@ sys.path.insert(0, os.path.join(_ROOT, "tools"))
 
 import opinfo_sweep  # noqa: E402
 
+# Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
+
 MIN_PERCENT = 98.0
 # A harness that silently tries (almost) nothing must not pass: torch 2.13 has 672 OpInfos
 # whose CPU float32 samples run, torch 2.6 about 660.

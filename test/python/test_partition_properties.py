@@ -22,6 +22,9 @@ from hypothesis import strategies as st
 from spmd_diff import MESH_AXES, assert_same, constrain, ensure_devices, mesh_of, run
 
 import os
+
+# Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
 _SCALE = float(os.environ.get("SPMD_PROPERTY_SCALE", "1"))
 RESHARD_EXAMPLES = int(700 * _SCALE)
 FORWARD_EXAMPLES = int(1000 * _SCALE)
