@@ -9,6 +9,7 @@ that environment; CMake takes torch's headers and libraries from this interprete
 (cmake/TorchFromPython.cmake), so a CUDA build of torch needs no CUDA toolkit.
 """
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -41,21 +42,20 @@ class CMakeBuild(build_ext):
         out_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
         build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
         generator = ["-G", "Ninja"] if _has("ninja") else []
-        # pip builds in ./build, shared by every venv of one Python version: reuse the CMake
-        # configuration only when it was made, successfully, for this interpreter, torch and
-        # generator; start afresh otherwise (CMake would keep its cached answers, or refuse a
+        # pip builds in ./build, shared by every venv of one Python version: reuse the build
+        # directory only when a configure for this interpreter, torch and generator succeeded
+        # there; start afresh otherwise (CMake would keep its cached answers, or refuse a
         # generator change).
         config = f"{sys.executable}|{torch.__file__}|{torch.__version__}|{generator}"
-        stamp = os.path.join(build_dir, ".spmd_config")
-        if not os.path.isfile(stamp) or open(stamp).read() != config:
+        stamp = pathlib.Path(build_dir, ".spmd_config")
+        if not stamp.is_file() or stamp.read_text() != config:
             shutil.rmtree(build_dir, ignore_errors=True)
         os.makedirs(build_dir, exist_ok=True)
         subprocess.check_call(
             ["cmake", "-S", os.path.dirname(os.path.abspath(__file__)), "-B", build_dir,
              *generator, "-DCMAKE_BUILD_TYPE=Release", "-DSPMD_BUILD_TESTS=OFF",
              f"-DPython3_EXECUTABLE={sys.executable}", f"-DSPMD_PY_OUTPUT_DIR={out_dir}"])
-        with open(stamp, "w") as f:
-            f.write(config)
+        stamp.write_text(config)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j", jobs])
 
