@@ -4,10 +4,13 @@
 
 ``--no-build-isolation`` matters: torch_spmd compiles against the torch you already have
 (its headers and libraries), and an isolated build environment would download another torch
-(a CUDA build is several GB). Needs a C++20 compiler, CMake >= 3.18, ninja (or make) and
-pybind11 in that environment.
+(a CUDA build is several GB). Needs a C++20 compiler, CMake >= 3.18 and ninja (or make) in
+that environment; CMake takes torch's headers and libraries from this interpreter's torch
+(cmake/TorchFromPython.cmake), so a CUDA build of torch needs no CUDA toolkit.
 """
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -38,26 +41,27 @@ class CMakeBuild(build_ext):
         torch = _torch()
         out_dir = os.path.abspath(os.path.dirname(self.get_ext_fullpath(ext.name)))
         build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
-        os.makedirs(build_dir, exist_ok=True)
-        prefix = [torch.utils.cmake_prefix_path]
-        try:
-            import pybind11
-            prefix.append(pybind11.get_cmake_dir())
-        except ImportError:  # a system pybind11 (Debian's pybind11-dev) is found by CMake
-            pass
         generator = ["-G", "Ninja"] if _has("ninja") else []
+        # pip builds in ./build, shared by every venv of one Python version: reuse the build
+        # directory only when a configure for this interpreter, torch and generator succeeded
+        # there; start afresh otherwise (CMake would keep its cached answers, or refuse a
+        # generator change).
+        config = f"{sys.executable}|{torch.__file__}|{torch.__version__}|{generator}"
+        stamp = pathlib.Path(build_dir, ".spmd_config")
+        if not stamp.is_file() or stamp.read_text() != config:
+            shutil.rmtree(build_dir, ignore_errors=True)
+        os.makedirs(build_dir, exist_ok=True)
         subprocess.check_call(
             ["cmake", "-S", os.path.dirname(os.path.abspath(__file__)), "-B", build_dir,
              *generator, "-DCMAKE_BUILD_TYPE=Release", "-DSPMD_BUILD_TESTS=OFF",
-             f"-DPython3_EXECUTABLE={sys.executable}", f"-DCMAKE_PREFIX_PATH={';'.join(prefix)}",
-             f"-DSPMD_PY_OUTPUT_DIR={out_dir}"])
+             f"-DPython3_EXECUTABLE={sys.executable}", f"-DSPMD_PY_OUTPUT_DIR={out_dir}"])
+        stamp.write_text(config)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j", jobs])
 
 
 def _has(tool):
-    from shutil import which
-    return which(tool) is not None
+    return shutil.which(tool) is not None
 
 
 setup(

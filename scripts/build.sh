@@ -6,14 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 BUILD_DIR=${BUILD_DIR:-build}
-prefix="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-pybind_dir="$("$PYTHON" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null || true)"
-[ -n "$pybind_dir" ] && prefix="$prefix;$pybind_dir"
-stamp="$PYTHON|$prefix"
+# CMake takes torch's headers and libraries from $PYTHON (cmake/TorchFromPython.cmake). A build
+# directory is reused only for the interpreter and torch it was configured for, and only after
+# a configure that succeeded (the stamp is written last); otherwise it starts afresh.
+stamp="$PYTHON|$("$PYTHON" -c 'import torch; print(torch.__file__, torch.__version__)')"
 if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$BUILD_DIR/.spmd_python" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$BUILD_DIR"
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PYTHON" \
-    -DCMAKE_PREFIX_PATH="$prefix"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PYTHON"
   echo "$stamp" > "$BUILD_DIR/.spmd_python"
 fi
 cmake --build "$BUILD_DIR" -j"$(nproc)"
