@@ -321,7 +321,7 @@ void RegisterViewRules() {
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
                  "aten::narrow_copy", "aten::cumsum"},
                 LinearIn(Positional(DimArg)));
-  RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
+  RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax", "aten::_safe_softmax",
                  "aten::_log_softmax", "aten::_softmax_backward_data",
                  "aten::_log_softmax_backward_data"},
                 Positional(DimArg));
