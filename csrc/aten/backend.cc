@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "aten/backward_scope.h"
 #include "aten/lazy_tensor.h"
 #include "aten/op_plan.h"
 #include "aten/recorder.h"
@@ -418,6 +419,7 @@ void RegisterBackend() {
     RegisterBatchedMatmul();
     RegisterHooks();
     EnsureAutogradDeviceQueue();
+    InstallInBackwardResolver();
     RegisterMissingMetaKernels();
   });
 }

@@ -95,4 +95,8 @@ void ClearForwardScopes() {
   h.by_thread.clear();
 }
 
+void InstallInBackwardResolver() {
+  ir::SetInBackwardResolver([] { return torch::autograd::get_current_node() != nullptr; });
+}
+
 }  // namespace spmd::aten

@@ -13,6 +13,10 @@ namespace spmd::aten {
 // The scope forward ops are recorded under from now on ("" for none), noted for their backward.
 void SetForwardScope(const std::string& name);
 
+// Lets the IR tell ops recorded by a backward pass (autograd running a node on the recording
+// thread) from forward ops: ir::InBackward. Called by RegisterBackend.
+void InstallInBackwardResolver();
+
 // Forgets the forward scopes noted so far (attribution turned off): the backward is then
 // recorded under the current scope, as any op.
 void ClearForwardScopes();

@@ -1,5 +1,6 @@
 #include "ir/graph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <sstream>
 
@@ -33,6 +34,17 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
       stack.pop_back();
     }
   }
+
+  // The program runs in the order the ops were recorded, which is the order eager PyTorch runs
+  // them: autograd's backward frees as it goes (each block's recomputation, its input and weight
+  // gradients, then the next block). The DFS above only finds the nodes; its post-order from the
+  // outputs would run every block's input-gradient chain first and the weight gradients, listed
+  // later among the outputs, at the end, keeping every recomputed activation live across the
+  // whole backward. Node ids grow as ops are recorded and a node is recorded after its inputs,
+  // so the recorded order is a topological order.
+  std::sort(g.nodes.begin(), g.nodes.end(),
+            [](const NodePtr& a, const NodePtr& b) { return a->id() < b->id(); });
+  for (size_t i = 0; i < g.nodes.size(); ++i) g.position[g.nodes[i].get()] = static_cast<int>(i);
 
   last_size.store(g.nodes.size(), std::memory_order_relaxed);
   Hash key = HashInt(static_cast<int64_t>(g.nodes.size()));

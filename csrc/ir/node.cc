@@ -15,7 +15,8 @@ Node::Node(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
       args_(std::move(args)),
       outputs_(std::move(outputs)),
       id_(g_next_node_id.fetch_add(1, std::memory_order_relaxed)),
-      scope_(CurrentScope()) {}
+      scope_(CurrentScope()),
+      in_backward_(InBackward()) {}
 
 Hash Node::hash() const {
   if (hash_ != 0) return hash_;
@@ -30,6 +31,7 @@ Hash Node::hash() const {
     const Sharding& s = data_->sharding();
     h = HashCombine(h, s.valid() ? s.hash() : 2);
   }
+  if (in_backward_) h = HashCombine(h, 3);
   hash_ = h == 0 ? 1 : h;
   return hash_;
 }

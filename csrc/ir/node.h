@@ -67,7 +67,12 @@ class Node {
   Scope scope() const { return scope_; }
   void set_scope(Scope s) { scope_ = s; }
 
-  // Hash of op, args and output types (not of the inputs: graphs hash their wiring).
+  // Recorded by a backward pass (ir/scope.h InBackward); part of the hash, since the
+  // partitioner does not keep gathered copies from the forward for the backward.
+  bool in_backward() const { return in_backward_; }
+  void set_in_backward(bool b) { in_backward_ = b; hash_ = 0; }
+
+  // Hash of op, args, output types and phase (not of the inputs: graphs hash their wiring).
   Hash hash() const;
 
  private:
@@ -79,6 +84,7 @@ class Node {
   std::vector<Sharding> shardings_;
   uint64_t id_;
   Scope scope_ = nullptr;
+  bool in_backward_ = false;
   mutable Hash hash_ = 0;
 };
 

@@ -9,6 +9,7 @@ namespace spmd::ir {
 namespace {
 std::atomic<Scope> g_current{nullptr};
 std::atomic<BackwardScopeResolver> g_backward{nullptr};
+std::atomic<InBackwardResolver> g_in_backward{nullptr};
 }
 
 Scope InternScope(const std::string& name) {
@@ -29,6 +30,14 @@ Scope CurrentScope() {
 void SetCurrentScope(Scope scope) { g_current.store(scope, std::memory_order_relaxed); }
 void SetBackwardScopeResolver(BackwardScopeResolver resolver) {
   g_backward.store(resolver, std::memory_order_relaxed);
+}
+
+void SetInBackwardResolver(InBackwardResolver resolver) {
+  g_in_backward.store(resolver, std::memory_order_relaxed);
+}
+bool InBackward() {
+  InBackwardResolver resolve = g_in_backward.load(std::memory_order_relaxed);
+  return resolve && resolve();
 }
 
 }  // namespace spmd::ir

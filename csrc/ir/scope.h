@@ -23,4 +23,11 @@ using BackwardScopeResolver = std::optional<Scope> (*)();
 void SetBackwardScopeResolver(BackwardScopeResolver resolver);
 inline std::string ScopeName(Scope s) { return s ? *s : std::string(); }
 
+// Whether new nodes are recorded by a backward pass (autograd running a node on this thread,
+// checkpointed recomputation included), whatever the attribution. Installed by the ATen layer;
+// false until then.
+using InBackwardResolver = bool (*)();
+void SetInBackwardResolver(InBackwardResolver resolver);
+bool InBackward();
+
 }  // namespace spmd::ir

@@ -38,6 +38,13 @@ ir::Value ProgramBuilder::EmitInternal(const ir::OpInfo* op, const ir::Value& x,
 }
 
 namespace {
+// Tiles of the whole tensor (product over dims): fewer means a bigger piece per device.
+int64_t TotalTiles(const Sharding& s) {
+  int64_t tiles = 1;
+  for (int64_t d = 0; d < s.rank(); ++d) tiles *= s.NumTiles(d);
+  return tiles;
+}
+
 Hash ReshardKey(const ir::Value& v, const Sharding& from, const Sharding& to) {
   Hash h = HashCombine(std::hash<const void*>()(v.node.get()), HashInt(v.index));
   return HashCombine(HashCombine(h, from.hash()), to.hash());
@@ -47,17 +54,20 @@ Hash ReshardKey(const ir::Value& v, const Sharding& from, const Sharding& to) {
 const LocalValue* ProgramBuilder::FindReshard(const ir::Value& v, const Sharding& from,
                                               const Sharding& to) const {
   auto range = reshards_.equal_range(ReshardKey(v, from, to));
+  const bool gathers = !from.IsPartial() && TotalTiles(to) < TotalTiles(from);
   for (auto it = range.first; it != range.second; ++it) {
     const ReshardEntry& e = it->second;
-    if (e.value.node == v.node && e.value.index == v.index && e.from == from && e.to == to)
-      return &e.result;
+    if (e.value.node != v.node || e.value.index != v.index || e.from != from || e.to != to)
+      continue;
+    if (gathers && e.in_backward != in_backward_) continue;  // see the header
+    return &e.result;
   }
   return nullptr;
 }
 
 void ProgramBuilder::AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
                                 const LocalValue& result) {
-  reshards_.emplace(ReshardKey(v, from, to), ReshardEntry{v, from, to, result});
+  reshards_.emplace(ReshardKey(v, from, to), ReshardEntry{v, from, to, result, in_backward_});
   if (from.IsPartial() && !to.IsPartial()) resolved_.emplace(std::make_pair(v.node.get(), v.index), result);
 }
 

@@ -28,6 +28,8 @@ class ProgramBuilder {
   // The scope (module path) of the global node being lowered: every node and collective
   // emitted meanwhile carries it.
   void set_scope(ir::Scope scope) { scope_ = scope; }
+  // Whether that node belongs to the backward: see FindReshard.
+  void set_in_backward(bool b) { in_backward_ = b; }
   // A local op; `layouts` (one per output) is kept on the node for program dumps.
   ir::NodePtr Emit(const ir::OpInfo* op, std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
                    std::vector<TensorType> outputs, std::vector<Sharding> layouts);
@@ -41,7 +43,11 @@ class ProgramBuilder {
 
   // Reshard cache (GSPMD's PartitionedHlo reshard cache): a value moved to a layout once is
   // reused by every later consumer that wants the same layout, instead of repeating the
-  // collectives (e.g. one all-reduce of a partial sum read by two ops).
+  // collectives (e.g. one all-reduce of a partial sum read by two ops). A gathered copy (a
+  // layout with fewer tiles, bigger per device) made in the forward is not reused by the
+  // backward: the backward gathers again, as FSDP (ZeRO-3) and Megatron's sequence parallelism
+  // do, instead of keeping every layer's gathered weights and activations live from its forward
+  // to its backward (with activation checkpointing, that alone outgrew the checkpoints).
   const LocalValue* FindReshard(const ir::Value& v, const Sharding& from, const Sharding& to) const;
   void AddReshard(const ir::Value& v, const Sharding& from, const Sharding& to,
                   const LocalValue& result);
@@ -53,6 +59,7 @@ class ProgramBuilder {
   struct ReshardEntry;
   MeshPtr mesh_;
   ir::Scope scope_ = nullptr;
+  bool in_backward_ = false;
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
   std::unordered_multimap<Hash, ReshardEntry> reshards_;
@@ -63,6 +70,7 @@ struct ProgramBuilder::ReshardEntry {
   ir::Value value;
   Sharding from, to;
   LocalValue result;
+  bool in_backward;  // the phase of the node that made it
 };
 
 // Moves a value into another layout with the collectives it takes (see reshard.cc).

@@ -59,6 +59,7 @@ class Partitioner {
     const auto& ops = ir::InternalOps::Get();
     for (const ir::NodePtr& n : graph_.nodes) {
       builder_.set_scope(n->scope());
+      builder_.set_in_backward(n->in_backward());
       if (n->is_data()) {
         locals_[n.get()] = {Parameter(*n, program)};
       } else if (n->op() == ops.sharding_constraint) {

@@ -102,6 +102,7 @@ class Simplifier {
     ir::NodePtr copy = ir::MakeNode(n->op(), std::move(inputs), n->args(), n->outputs());
     copy->set_shardings(n->shardings());
     copy->set_scope(n->scope());
+    copy->set_in_backward(n->in_backward());
     return copy;
   }
 
@@ -163,6 +164,7 @@ class Simplifier {
     ir::NodePtr out = ir::MakeNode(op, std::move(grads), {list, ir::Arg::Int(sum->dim)},
                                    {sum->type});
     out->set_scope(n.scope());
+    out->set_in_backward(n.in_backward());
     Count("JoinedGradientSums");
     return out;
   }
