@@ -1,0 +1,514 @@
+"""Plan mode against measured training runs (``../shared/plan_calibration``).
+
+Builds each run of the calibration data in plain PyTorch with the run's configuration, shards
+it the way the run was sharded, plans one training iteration on the nearest hardware preset and
+compares the predicted step time (and the memory verdict) with the measured one. Prints, per
+group, the number of runs, mean/median/max |error|, the share within +-20%, the share whose
+measured time lies inside [overlapped, predicted], false "does not fit" verdicts and, for the
+vTrain sweeps, the Spearman rank correlation of predicted and measured step times within each
+model; ``--write`` puts the table into docs/benchmarks.md.
+
+How an iteration is planned (the same for every row, no per-row tuning):
+- the model: a decoder LM, GPT-2 style for Megatron runs (LayerNorm, GeLU MLP, learned
+  positions, tied embedding) and Llama style for MaxText runs (RMSNorm, SwiGLU, untied head);
+  the residual stream and matmuls in the run's 16-bit dtype, fp32 master weights cast at use,
+  norms in fp32 (mixed precision as the runs train), AdamW in fp32;
+- activation checkpointing as the run (full: every block recomputed in the backward);
+- attention fused (``F.scaled_dot_product_attention``) where the run used flash attention,
+  explicit matmuls and softmax where it did not (Megatron-LM of vTrain's and the 2022 paper's
+  time);
+- layout: Megatron tensor parallelism (column-parallel q/k/v and fc1, row-parallel out and fc2,
+  vocabulary-parallel embedding) x data parallelism, or FSDP (every parameter sharded on its
+  largest dim) x data parallelism across slices;
+- gradient accumulation: ``m = global batch / (micro batch x data-parallel ways)`` micro-steps.
+  Two programs are planned: a micro-step (forward + backward, gradients accumulated with their
+  reductions deferred) and the last micro-step with the reductions and the optimizer step;
+  the iteration is ``(m - 1) x micro + last``.
+
+Measured step times: vTrain's iteration times as given; MaxText's published TFLOP/s per chip
+converted back to a step time with MaxText's own FLOP count for that config (its
+``calculate_tflops_training_per_device``: 6 x the matmul parameters x tokens plus 12 x layers x
+heads x head_dim x seq^2 x batch, no causal halving); the paper's and torchtitan's step times as
+the data file derives them (``derived_step_s``).
+
+Usage: ``python benchmarks/plan_fidelity.py [--limit N] [--groups vtrain,maxtext] [--write]``.
+Each group runs in its own process (a plan resizes the emulated device set).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DATA = os.path.join(os.path.dirname(ROOT), "shared", "plan_calibration")
+
+
+@dataclass
+class Run:
+    group: str              # vtrain-a100, maxtext-v4, megatron-a100, torchtitan-h100
+    name: str
+    hardware: str           # preset
+    chips: int
+    style: str              # "gpt" (LayerNorm, GeLU, learned positions, tied) or "llama"
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    seq: int
+    micro_batch: int        # per data-parallel replica
+    global_batch: int
+    tp: int
+    dp: int                 # data-parallel ways (replicas of the model)
+    fsdp: int               # ways each replica's parameters are sharded
+    remat: str              # "full" or "none"
+    fused_attention: bool
+    dtype: str              # "bf16" / "fp16"
+    measured_s: float
+    sweep: str = ""         # rows of one sweep (same model) for the rank correlation
+    results: dict = field(default_factory=dict)
+
+    @property
+    def micro_steps(self) -> int:
+        return max(1, self.global_batch // (self.micro_batch * self.dp))
+
+
+# ---------------------------------------------------------------------------------------------
+# The calibration data
+
+
+def _int(s, default=0):
+    s = (s or "").strip()
+    return int(float(s)) if s else default
+
+
+def vtrain_runs(path) -> List[Run]:
+    """vTrain's single-node Megatron-LM runs (A100, fp16, full activation checkpointing)."""
+    runs = []
+    with open(path) as f:
+        rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
+    for r in rows:
+        gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp, pp, ms = r
+        gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp = map(
+            int, (gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp))
+        runs.append(Run(
+            group="vtrain-a100", name=f"h{hidden} L{layers} {gpus}gpu tp{tp} dp{dp} mbs{mbs} gbs{gbs}",
+            hardware="a100-80gb", chips=gpus, style="gpt", layers=layers, hidden=hidden,
+            heads=heads, kv_heads=heads, head_dim=hidden // heads, ffn=4 * hidden, vocab=50257,
+            seq=seq, micro_batch=mbs, global_batch=gbs, tp=tp, dp=dp, fsdp=1, remat="full",
+            fused_attention=False, dtype="fp16", measured_s=float(ms) / 1e3,
+            sweep=f"h{hidden} L{layers}"))
+    return runs
+
+
+def maxtext_flops_per_device(r: Run) -> float:
+    """MaxText's FLOP count of one training step per device for a dense llama-style config (its
+    calculate_tflops_training_per_device: gated MLP, untied embedding, attention not halved)."""
+    b, s = r.micro_batch * r.micro_steps / r.fsdp, r.seq
+    ffn = 2 * b * s * r.ffn * r.hidden * 3
+    qkv = 2 * b * s * r.hidden * (r.heads + 2 * r.kv_heads) * r.head_dim
+    attn = 4 * b * s * s * r.heads * r.head_dim
+    proj = 2 * b * s * r.hidden * r.heads * r.head_dim
+    emb = 2 * b * s * r.hidden * r.vocab
+    return ((ffn + qkv + proj + attn) * r.layers + emb) * 3
+
+
+def published_runs(path) -> List[Run]:
+    runs = []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if not row["in_scope_no_PP"].startswith("yes"):
+                continue
+            src, chips = row["source"], _int(row["chips"])
+            if src.startswith("MaxText"):
+                hidden, heads = _int(row["hidden"]), _int(row["heads"])
+                slices = _int(row["slices"], 1)
+                r = Run(group="maxtext-v4", name=f"{row['model']}", hardware="tpu-v4",
+                        chips=chips, style="llama", layers=_int(row["layers"]), hidden=hidden,
+                        heads=heads, kv_heads=_int(row["kv_heads"], heads), head_dim=128,
+                        ffn=_int(row["ffn"]), vocab=_int(row["vocab"]), seq=_int(row["seq"]),
+                        micro_batch=_int(row["mbs_or_pdb"]) * chips // slices,
+                        global_batch=_int(row["gbs"]), tp=1, dp=slices, fsdp=chips // slices,
+                        remat="full", fused_attention=True, dtype="bf16", measured_s=0.0)
+                tflops = float(row["value"].split("|")[0])
+                r.measured_s = maxtext_flops_per_device(r) / (tflops * 1e12)
+                runs.append(r)
+            elif src.startswith("Korthikanti") and "full recompute" in row["remat"]:
+                hidden, heads = _int(row["hidden"]), _int(row["heads"])
+                runs.append(Run(
+                    group="megatron-a100", name=f"{row['model']} tp{row['tp']} ({row['remat']})",
+                    hardware="a100-80gb", chips=chips, style="gpt", layers=_int(row["layers"]),
+                    hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
+                    ffn=_int(row["ffn"]), vocab=51200, seq=_int(row["seq"]),
+                    micro_batch=_int(row["mbs_or_pdb"]), global_batch=_int(row["gbs"]),
+                    tp=_int(row["tp"]), dp=_int(row["dp"], 1), fsdp=1, remat="full",
+                    fused_attention=False, dtype="fp16", measured_s=float(row["derived_step_s"])))
+    return runs
+
+
+def load_runs(data_dir: str) -> List[Run]:
+    return (published_runs(os.path.join(data_dir, "published_runs.csv")) +
+            vtrain_runs(os.path.join(data_dir, "vtrain_a100_single_node.csv")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning one run (in a child process)
+
+
+def _decoder(r: Run):
+    """The run's model on the spmd device (inside a plan: no memory)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+    compute = torch.float16 if r.dtype == "fp16" else torch.bfloat16
+
+    def linear(x, w, bias=None):  # fp32 master weight cast at use (written-out autocast)
+        return F.linear(x, w.to(compute), None if bias is None else bias.to(compute))
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d, hd = r.hidden, r.head_dim
+            self.wq = nn.Linear(d, r.heads * hd, bias=r.style == "gpt")
+            self.wk = nn.Linear(d, r.kv_heads * hd, bias=r.style == "gpt")
+            self.wv = nn.Linear(d, r.kv_heads * hd, bias=r.style == "gpt")
+            self.wo = nn.Linear(r.heads * hd, d, bias=r.style == "gpt")
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = linear(x, self.wq.weight, self.wq.bias).view(b, s, r.heads, r.head_dim)
+            k = linear(x, self.wk.weight, self.wk.bias).view(b, s, r.kv_heads, r.head_dim)
+            v = linear(x, self.wv.weight, self.wv.bias).view(b, s, r.kv_heads, r.head_dim)
+            if r.kv_heads != r.heads:
+                rep = r.heads // r.kv_heads
+                k, v = (t.repeat_interleave(rep, dim=2) for t in (k, v))
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            if r.fused_attention:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-1, -2)) * r.head_dim ** -0.5
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+                y = att.masked_fill(mask, float("-inf")).float().softmax(-1).to(compute) @ v
+            y = y.transpose(1, 2).reshape(b, s, r.heads * r.head_dim)
+            return linear(y, self.wo.weight, self.wo.bias)
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            gated = r.style == "llama"
+            self.w1 = nn.Linear(r.hidden, r.ffn, bias=not gated)
+            self.w3 = nn.Linear(r.hidden, r.ffn, bias=False) if gated else None
+            self.w2 = nn.Linear(r.ffn, r.hidden, bias=not gated)
+
+        def forward(self, x):
+            h = linear(x, self.w1.weight, self.w1.bias)
+            if self.w3 is not None:
+                h = F.silu(h) * linear(x, self.w3.weight)
+            else:
+                h = F.gelu(h, approximate="tanh")
+            return linear(h, self.w2.weight, self.w2.bias)
+
+    class Norm(nn.Module):
+        """LayerNorm (GPT) or RMSNorm (Llama), computed in fp32 on the 16-bit residual stream."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(r.hidden))
+            self.bias = nn.Parameter(torch.zeros(r.hidden)) if r.style == "gpt" else None
+
+        def forward(self, x):
+            x = x.float()
+            if self.bias is not None:
+                y = F.layer_norm(x, (r.hidden,), self.weight, self.bias)
+            else:
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+            return y.to(compute)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.attn, self.norm2, self.mlp = Norm(), Attention(), Norm(), Mlp()
+
+        def forward(self, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(r.vocab, r.hidden)
+            self.pos = nn.Embedding(r.seq, r.hidden) if r.style == "gpt" else None
+            self.blocks = nn.ModuleList(Block() for _ in range(r.layers))
+            self.norm = Norm()
+            self.head = None if r.style == "gpt" else nn.Linear(r.hidden, r.vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.embed(idx)
+            if self.pos is not None:
+                x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            x = x.to(compute)  # the residual stream in 16 bits, as MaxText and Megatron keep it
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False) if r.remat == "full" else block(x)
+            w = self.embed.weight if self.head is None else self.head.weight
+            return linear(self.norm(x), w)
+
+    with torch.device("spmd"):
+        return Decoder()
+
+
+def _shard(model, r: Run, mesh):
+    """Megatron tensor parallelism over 'tensor' and/or FSDP over 'fsdp'; batch over the rest."""
+    import torch_spmd.distributed.spmd as xs
+    for name, p in model.named_parameters():
+        spec = [None] * p.dim()
+        if r.tp > 1 and p.dim() >= 1:
+            leaf = name.split(".")[-2] if "." in name else name
+            if leaf in ("wq", "wk", "wv", "w1", "w3") or name.endswith(("embed.weight", "head.weight")):
+                spec[0] = "tensor"       # column parallel (out features), vocab parallel
+            elif leaf in ("wo", "w2") and name.endswith("weight"):
+                spec[1] = "tensor"       # row parallel (in features)
+        if r.fsdp > 1 and p.dim() >= 1:
+            free = [d for d in range(p.dim()) if spec[d] is None]
+            if free:
+                spec[max(free, key=lambda d: p.shape[d])] = "fsdp"
+        if any(s is not None for s in spec):
+            xs.mark_sharding(p, mesh, tuple(spec))
+
+
+def plan_key(r: Run) -> tuple:
+    """Runs that differ only in their global batch plan the same two programs."""
+    d = asdict(r)
+    for k in ("name", "global_batch", "measured_s", "sweep", "results"):
+        d.pop(k)
+    return tuple(sorted(d.items()))
+
+
+def plan_programs(r: Run, need_micro: bool) -> dict:
+    """Plans run ``r``'s micro-step (when ``need_micro``) and last micro-step programs; returns
+    their reports' numbers."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.plan as plan
+    import torch_spmd.runtime as xr
+
+    started = time.perf_counter()
+    keep = ("predicted_step_seconds", "overlapped_step_seconds", "fits", "peak_bytes_per_device")
+    out = {}
+    with plan.Plan(num_devices=r.chips, hardware=r.hardware) as p:
+        mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
+        model = _decoder(r)
+        _shard(model, r, mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        xm.mark_step()
+        idx = torch.zeros(r.micro_batch * r.dp, r.seq, dtype=torch.long, device="spmd")
+        xs.mark_sharding(idx, mesh, (("data", "fsdp"), None))
+
+        def micro_step():
+            logits = model(idx)
+            loss = F.cross_entropy(logits.float().reshape(-1, r.vocab), idx.reshape(-1))
+            loss.backward()
+
+        def report():
+            d = p.report().as_dict()
+            return {k: d[k] for k in keep}
+
+        if need_micro:
+            with xr.defer_output_reductions():
+                micro_step()
+                xm.mark_step()
+            out["micro"] = report()
+        micro_step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        xm.mark_step()
+        out["last"] = report()
+    out["plan_seconds"] = time.perf_counter() - started
+    return out
+
+
+def iteration(r: Run, programs: dict) -> dict:
+    """Run ``r``'s iteration from its planned programs: ``(m - 1) x micro + last``."""
+    if "error" in programs:
+        return programs
+    m, last = r.micro_steps, programs["last"]
+    micro = programs.get("micro", last)
+    res = {k: (m - 1) * micro[k] + last[k]
+           for k in ("predicted_step_seconds", "overlapped_step_seconds")}
+    res["fits"] = bool(last["fits"] and micro["fits"])
+    res["peak_gb"] = max(max(last["peak_bytes_per_device"]),
+                         max(micro["peak_bytes_per_device"])) / 1e9
+    res["plan_seconds"] = programs["plan_seconds"]
+    return res
+
+
+def _child():
+    sys.path.insert(0, ROOT)
+    import torch
+    torch.set_num_threads(1)
+    for job in json.loads(sys.stdin.read()):
+        try:
+            res = plan_programs(Run(**job["run"]), job["need_micro"])
+        except Exception as e:  # a run that cannot be planned is reported, not skipped
+            res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+def spearman(xs, ys) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        rk = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                rk[order[k]] = (i + j) / 2
+            i = j + 1
+        return rk
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx and sy else float("nan")
+
+
+def score(runs: List[Run]) -> List[dict]:
+    rows = []
+    groups = sorted({r.group for r in runs}) + ["all"]
+    for g in groups:
+        rs = [r for r in runs if (g == "all" or r.group == g) and "error" not in r.results]
+        failed = sum(1 for r in runs if (g == "all" or r.group == g) and "error" in r.results)
+        if not rs:
+            rows.append(dict(group=g, runs=0, failed=failed))
+            continue
+        err = [(r.results["predicted_step_seconds"] - r.measured_s) / r.measured_s for r in rs]
+        abs_err = [abs(e) for e in err]
+        inside = [r.results["overlapped_step_seconds"] <= r.measured_s <=
+                  r.results["predicted_step_seconds"] for r in rs]
+        sweeps = {}
+        for r in rs:
+            if r.sweep:
+                sweeps.setdefault(r.sweep, []).append(r)
+        rhos = [spearman([r.results["predicted_step_seconds"] for r in v], [r.measured_s for r in v])
+                for v in sweeps.values() if len(v) > 2]
+        rows.append(dict(
+            group=g, runs=len(rs), failed=failed,
+            mean_abs=statistics.mean(abs_err), median_abs=statistics.median(abs_err),
+            max_abs=max(abs_err), median_signed=statistics.median(err),
+            within20=sum(a <= 0.2 for a in abs_err) / len(rs),
+            bracket=sum(inside) / len(rs),
+            false_oom=sum(not r.results["fits"] for r in rs),
+            spearman_min=min(rhos) if rhos else None,
+            plan_s=statistics.mean(r.results["plan_seconds"] for r in rs)))
+    return rows
+
+
+def table(rows: List[dict]) -> str:
+    out = ["| group | runs | mean \\|err\\| | median \\|err\\| | max \\|err\\| | median signed | "
+           "within +-20% | in [overlapped, predicted] | false \"does not fit\" | min Spearman (sweeps) | "
+           "plan s/run |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if not r["runs"]:
+            out.append(f"| {r['group']} | 0 ({r['failed']} failed) |" + " |" * 9)
+            continue
+        rho = "" if r["spearman_min"] is None else f"{r['spearman_min']:.2f}"
+        fail = f" ({r['failed']} failed)" if r["failed"] else ""
+        out.append(
+            f"| {r['group']} | {r['runs']}{fail} | {r['mean_abs']:.1%} | {r['median_abs']:.1%} | "
+            f"{r['max_abs']:.1%} | {r['median_signed']:+.1%} | {r['within20']:.0%} | "
+            f"{r['bracket']:.0%} | {r['false_oom']} | {rho} | {r['plan_s']:.2f} |")
+    return "\n".join(out)
+
+
+def run_all(runs: List[Run]) -> None:
+    """Plans every distinct program once, each group in a child process."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               SPMD_NUM_THREADS="1")
+    for g in sorted({r.group for r in runs}):
+        keyed = {}
+        for r in runs:
+            if r.group == g:
+                keyed.setdefault(plan_key(r), []).append(r)
+        jobs = [{"run": {k: v for k, v in asdict(rs[0]).items() if k != "results"},
+                 "need_micro": any(r.micro_steps > 1 for r in rs)} for rs in keyed.values()]
+        proc = subprocess.run([sys.executable, __file__, "--child"], input=json.dumps(jobs),
+                              capture_output=True, text=True, env=env)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        for i, rs in enumerate(keyed.values()):
+            programs = (json.loads(lines[i]) if i < len(lines) else
+                        {"error": f"child exited {proc.returncode}: {proc.stderr[-300:]}"})
+            for r in rs:
+                r.results = iteration(r, programs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=DATA)
+    ap.add_argument("--groups", default="", help="comma-separated groups (default: all)")
+    ap.add_argument("--limit", type=int, default=0, help="at most N runs per group (sampled evenly)")
+    ap.add_argument("--write", action="store_true", help="write the table to docs/benchmarks.md")
+    ap.add_argument("--rows", action="store_true", help="print every run's numbers")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return _child()
+    runs = load_runs(args.data)
+    if args.groups:
+        keep = set(args.groups.split(","))
+        runs = [r for r in runs if r.group in keep]
+    if args.limit:
+        picked = []
+        for g in sorted({r.group for r in runs}):
+            rs = [r for r in runs if r.group == g]
+            step = max(1, len(rs) // args.limit)
+            picked += rs[::step][:args.limit]
+        runs = picked
+    started = time.perf_counter()
+    run_all(runs)
+    if args.rows:
+        for r in runs:
+            res = r.results
+            if "error" in res:
+                print(f"{r.group:14s} {r.name:48s} ERROR {res['error']}")
+                continue
+            print(f"{r.group:14s} {r.name:48s} measured {r.measured_s:8.3f} s  predicted "
+                  f"{res['predicted_step_seconds']:8.3f}  overlapped {res['overlapped_step_seconds']:8.3f}"
+                  f"  peak {res['peak_gb']:6.1f} GB  fits {res['fits']}")
+    text = table(score(runs))
+    print(text)
+    print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s)")
+    if args.write:
+        sys.path.insert(0, HERE)
+        from overhead import write_section
+        write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "Plan mode against measured runs",
+                      "`python benchmarks/plan_fidelity.py --write`: every run of "
+                      "`../shared/plan_calibration` built in PyTorch, sharded as it ran and planned "
+                      "on its hardware preset (see the script's docstring for how).\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
