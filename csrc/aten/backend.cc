@@ -416,6 +416,7 @@ void RegisterBackend() {
     }
     ViewLibrary() = std::move(view_lib);
     RegisterBatchedMatmul();
+    RegisterFusedAttention();
     RegisterHooks();
     EnsureAutogradDeviceQueue();
     RegisterMissingMetaKernels();

@@ -322,7 +322,7 @@ void RegisterViewRules() {
                  "aten::narrow_copy", "aten::cumsum"},
                 LinearIn(Positional(DimArg)));
   RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
-                 "aten::_log_softmax", "aten::_softmax_backward_data",
+                 "aten::_safe_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
                  "aten::_log_softmax_backward_data"},
                 Positional(DimArg));
   RegisterRules({"aten::flip", "aten::roll"}, LinearIn(Positional(DimsArg)));
