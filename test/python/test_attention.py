@@ -7,6 +7,7 @@ FLOPs forward)."""
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -206,3 +207,49 @@ def test_plan_peak_has_no_scores_buffer():
         for f, m in zip(fused, math):
             assert f.peak_bytes_per_device[0] < 3 * inputs < scores
             assert m.peak_bytes_per_device[0] > scores
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block with causal self-attention through SDPA."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (u.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for u in self.qkv(self.ln1(x)).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+def planned_training_step(math, layers=12, d=768, heads=12, seq=8192, batch=8):
+    """A GPT-2-small-shaped model at sequence 8192, bf16, data parallel over 8 tpu-v4: one
+    training step (forward and backward), planned."""
+    with plan.Plan(hardware="tpu-v4") as p, sdpa_kernel(
+            [SDPBackend.MATH] if math else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+        mesh = xs.Mesh(np.arange(8), (8,), ("data",))
+        with torch.device("spmd"):
+            model = nn.Sequential(*(Block(d, heads) for _ in range(layers))).to(torch.bfloat16)
+        x = torch.empty(batch, seq, d, dtype=torch.bfloat16, device="spmd")
+        xs.mark_sharding(x, mesh, ("data", None, None))
+        xm.mark_step()
+        model(x).float().square().mean().backward()
+        xm.mark_step()
+        return p.report()
+
+
+def test_plan_long_sequence_model_fits_with_the_fused_kernel():
+    # The math path keeps each layer's [1, 12, 8192, 8192] attention probabilities (1.5 GiB in
+    # bf16 per device) for the backward: 12 of them alone are 18 GiB, and the step does not fit
+    # a 32 GiB tpu-v4 (44.9 GiB). Fused, the step needs 2.8 GiB.
+    probabilities = 12 * 1 * 12 * 8192 * 8192 * 2
+    math, fused = planned_training_step(math=True), planned_training_step(math=False)
+    assert not math.fits and fused.fits
+    assert math.peak_bytes_per_device[0] - fused.peak_bytes_per_device[0] > probabilities
+    assert "softmax" in math.peak_op and "softmax" not in fused.peak_op
