@@ -18,6 +18,10 @@ void EnsureAutogradDeviceQueue();
 // Records torch.matmul of same-batch >= 3-D operands as one node (matmul_autograd.cc).
 void RegisterBatchedMatmul();
 
+// Lets scaled_dot_product_attention on the device take torch's fused CPU kernel wherever CPU
+// eager does (attention.cc). Called by RegisterBackend.
+void RegisterFusedAttention();
+
 // Number of ops captured that way (for diagnostics).
 int NumCapturedOps();
 

@@ -1,10 +1,12 @@
 // Shape functions for ops whose torch 2.x meta kernel disagrees with the CPU kernel the
-// devices run (eval-mode native_batch_norm's saved stats, bf16 native_layer_norm's stats), and
-// meta kernels for the fused optimizer steps torch ships none for.
+// devices run (eval-mode native_batch_norm's saved stats, bf16 native_layer_norm's stats,
+// torch 2.6's float64 flash attention logsumexp), and meta kernels for the fused optimizer
+// steps torch ships none for.
 //
 // (torch 1.13 needed about twenty more: missing meta kernels for backward ops, wrong dtypes for
 // arange/full, a Python-only convolution. torch 2.6+ gets those right: they are gone.)
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -44,10 +46,20 @@ std::vector<TensorType> NativeLayerNorm(const std::vector<c10::IValue>& a) {
   return out;
 }
 
+// _scaled_dot_product_flash_attention_for_cpu: the CPU kernel keeps logsumexp in the query's
+// op-math dtype (float64 for float64 input); torch 2.6's meta kernel says float32 for all
+// (later ones agree with the kernel).
+std::vector<TensorType> FlashAttentionForCpu(const std::vector<c10::IValue>& a) {
+  std::vector<TensorType> out = MetaTypes("aten::_scaled_dot_product_flash_attention_for_cpu", "", a);
+  out[1].dtype = runtime::FromScalarType(at::toOpMathType(a[0].toTensor().scalar_type()));
+  return out;
+}
+
 const std::unordered_map<std::string, ShapeFn>& Table() {
   static const auto* table = new std::unordered_map<std::string, ShapeFn>{
       {"aten::native_batch_norm", NativeBatchNorm},
       {"aten::native_layer_norm", NativeLayerNorm},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu", FlashAttentionForCpu},
   };
   return *table;
 }

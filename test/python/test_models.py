@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.attention
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -90,17 +89,10 @@ def compute_loss(kind, model, x, y):
 
 def train(kind, model, make_opt, batches, device):
     """Trains `model` in place on `device`; returns the per-step losses and, on the spmd device,
-    the (UncachedCompile, CachedCompile) counters after each step."""
-    if device != DEV:
-        # The spmd device runs attention in the math formulation; so must the reference. (The
-        # fused CPU kernel sums in another order, and the attention key bias, whose gradient is
-        # zero in exact arithmetic, gets rounding noise that Adam turns into +-lr steps.)
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-            return _train(kind, model, make_opt, batches, device)
-    return _train(kind, model, make_opt, batches, device)
-
-
-def _train(kind, model, make_opt, batches, device):
+    the (UncachedCompile, CachedCompile) counters after each step. Attention takes the same
+    implementation on both (the fused CPU kernel: csrc/aten/attention.cc), so the attention key
+    bias, whose gradient is zero in exact arithmetic, gets the same rounding noise on both (Adam
+    turns any difference into +-lr steps)."""
     opt = make_opt(model.parameters())
     losses, compiles = [], []
     model.train()

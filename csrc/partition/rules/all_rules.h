@@ -12,5 +12,6 @@ void RegisterIndexRules();
 void RegisterConvRules();  // conv.cc
 void RegisterPoolRules();  // pool.cc
 void RegisterForeachRules();  // foreach.cc
+void RegisterAttentionRules();  // attention.cc
 void RegisterAllRules();  // calls all of the above once
 }  // namespace spmd::partition

@@ -74,6 +74,7 @@ void RegisterAllRules() {
     RegisterConvRules();
     RegisterPoolRules();
     RegisterForeachRules();
+    RegisterAttentionRules();
   });
 }
 
