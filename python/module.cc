@@ -92,6 +92,8 @@ void BindGraph(py::module_& m) {
         d["bytes"] = c.bytes;
         d["scope"] = c.scope;
         d["position"] = c.position;
+        d["input_position"] = c.input_position;
+        d["first_use_position"] = c.first_use_position;
         out.append(d);
       }
       return out;

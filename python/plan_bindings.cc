@@ -16,24 +16,42 @@ namespace py = pybind11;
 
 namespace {
 
+// The numbers of `d` (torch_spmd/plan/hardware.py's fields). A TPU preset names its domain a
+// slice (devices_per_slice, dcn_bandwidth), a GPU one a host (devices_per_host,
+// cross_host_bandwidth): the same two fields of Hardware.
 partition::Hardware HardwareFromDict(const py::dict& d) {
   partition::Hardware hw;
+  hw.name = d.contains("name") ? d["name"].cast<std::string>() : "custom";
   auto num = [&](const char* key, double fallback = 0) {
     return d.contains(key) ? d[key].cast<double>() : fallback;
   };
-  hw.name = d.contains("name") ? d["name"].cast<std::string>() : "custom";
+  auto either = [&](const char* a, const char* b, double fallback) {
+    if (d.contains(a) && d.contains(b))
+      throw py::value_error("hardware '" + hw.name + "' gives both " + a + " and " + b +
+                            "; they are the same field (a host's or a slice's)");
+    return num(a, num(b, fallback));
+  };
   hw.peak_flops_bf16 = num("peak_flops_bf16");
   hw.peak_flops_fp32 = num("peak_flops_fp32", hw.peak_flops_bf16);
+  hw.matmul_efficiency = num("matmul_efficiency", 1);
+  hw.matmul_tile = static_cast<int64_t>(num("matmul_tile"));
   hw.hbm_bytes = num("hbm_bytes");
   hw.hbm_bandwidth = num("hbm_bandwidth");
+  hw.hbm_efficiency = num("hbm_efficiency", 1);
   hw.ring_bandwidth = num("ring_bandwidth");
-  hw.cross_host_bandwidth = num("cross_host_bandwidth", hw.ring_bandwidth);
+  hw.devices_per_domain = static_cast<int64_t>(either("devices_per_host", "devices_per_slice", 0));
+  hw.cross_domain_bandwidth = either("cross_host_bandwidth", "dcn_bandwidth", hw.ring_bandwidth);
+  hw.torus_dims = static_cast<int>(num("torus_dims"));
   hw.link_latency = num("link_latency");
-  hw.devices_per_host = static_cast<int64_t>(num("devices_per_host"));
+  hw.all_gather_prefetch = static_cast<int64_t>(num("all_gather_prefetch"));
   if (hw.peak_flops_bf16 <= 0 || hw.peak_flops_fp32 <= 0 || hw.hbm_bandwidth <= 0 ||
-      hw.ring_bandwidth <= 0 || hw.cross_host_bandwidth <= 0)
+      hw.ring_bandwidth <= 0 || hw.cross_domain_bandwidth <= 0)
     throw py::value_error("hardware '" + hw.name +
                           "' needs positive peak_flops_bf16, hbm_bandwidth and ring_bandwidth");
+  if (!(hw.matmul_efficiency > 0 && hw.matmul_efficiency <= 1) ||
+      !(hw.hbm_efficiency > 0 && hw.hbm_efficiency <= 1))
+    throw py::value_error("hardware '" + hw.name +
+                          "': matmul_efficiency and hbm_efficiency are fractions in (0, 1]");
   return hw;
 }
 
@@ -94,15 +112,28 @@ void BindPlan(py::module_& m) {
     partition::StepEstimate e = partition::EstimateStep(stats, hw);
     py::dict d;
     d["compute_seconds"] = e.compute_seconds;
+    d["compute_bound_seconds"] = e.compute_bound_seconds;
+    d["memory_bound_seconds"] = e.memory_bound_seconds;
     d["communication_seconds"] = e.communication_seconds;
     d["step_seconds"] = e.step_seconds;
+    d["exposed_communication_seconds"] = e.exposed_communication_seconds;
+    d["no_overlap_step_seconds"] = e.no_overlap_step_seconds;
     d["overlapped_step_seconds"] = e.overlapped_step_seconds;
-    d["op_seconds"] = e.op_seconds;
-    py::list coll;
-    for (size_t i = 0; i < e.collective_seconds.size(); ++i)
-      coll.append(py::make_tuple(e.collective_seconds[i].seconds,
-                                 e.collective_seconds[i].crosses_hosts));
-    d["collective_seconds"] = coll;  // (seconds, crosses hosts) per collective
+    py::list op_seconds;
+    for (const partition::OpTime& t : e.op_times) op_seconds.append(t.seconds());
+    d["op_seconds"] = op_seconds;
+    d["op_start"] = e.op_start;
+    py::list coll;  // per collective of the program
+    for (const partition::CollectiveTime& c : e.collective_seconds) {
+      py::dict one;
+      one["seconds"] = c.seconds;
+      one["crosses_hosts"] = c.crosses_hosts;
+      one["algorithm"] = c.algorithm;
+      one["start"] = c.start;
+      one["exposed_seconds"] = c.exposed_seconds;
+      coll.append(one);
+    }
+    d["collective_seconds"] = coll;
     return d;
   });
 }

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
+
+#include "ir/internal_ops.h"
 
 namespace spmd::partition {
 
@@ -77,6 +80,73 @@ double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& f
     points *= static_cast<double>((rule.factors[f].size + tiles - 1) / tiles);  // padded tile
   }
   return points;
+}
+
+bool IsPointwise(const ShardingRule& rule) { return rule.elementwise && !rule.flops_per_point; }
+
+GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa) {
+  if (rule.results.size() != 1) return {};
+  const size_t num_factors = rule.factors.size();
+  std::vector<bool> in_result(num_factors, false);
+  for (const DimFactors& dim : rule.results[0])
+    for (int f : dim) in_result[f] = true;
+  // The operands holding contracted factors, and which factors each holds.
+  std::vector<std::vector<bool>> matrices;
+  for (const TensorFactors& operand : rule.operands) {
+    std::vector<bool> has(num_factors, false);
+    bool contracts = false;
+    for (const DimFactors& dim : operand)
+      for (int f : dim) {
+        has[f] = true;
+        contracts |= !in_result[f];
+      }
+    if (contracts) matrices.push_back(std::move(has));
+  }
+  if (matrices.size() != 2) return {};
+  GemmShape g{1, 1, 1};
+  for (size_t f = 0; f < num_factors; ++f) {
+    const int64_t tiles = f < fa.size() && !fa[f].empty() ? AxesSize(mesh, fa[f]) : 1;
+    const int64_t local = (rule.factors[f].size + tiles - 1) / tiles;
+    const bool lhs = matrices[0][f], rhs = matrices[1][f];
+    if (!in_result[f] && (lhs || rhs)) g.k *= local;
+    else if (in_result[f] && lhs && !rhs) g.m *= local;
+    else if (in_result[f] && rhs && !lhs) g.n *= local;
+  }
+  return g;
+}
+
+void LinkCommunication(const std::vector<ir::NodePtr>& nodes,
+                       std::vector<CollectiveStat>& collectives, std::vector<OpCost>& ops) {
+  std::unordered_map<const ir::Node*, int64_t> index, first_reader;
+  for (const CollectiveStat& c : collectives) first_reader.emplace(c.node, -1);
+  // Nodes that read, directly or not, a collective's result (collectives included).
+  std::unordered_set<const ir::Node*> after;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node* n = nodes[i].get();
+    index.emplace(n, static_cast<int64_t>(i));
+    bool reads = first_reader.count(n) > 0;
+    for (const ir::Value& in : n->inputs()) {
+      reads |= after.count(in.node.get()) > 0;
+      auto it = first_reader.find(in.node.get());
+      if (it != first_reader.end() && it->second < 0) it->second = static_cast<int64_t>(i);
+    }
+    if (reads) after.insert(n);
+  }
+  const int64_t end = static_cast<int64_t>(nodes.size());
+  const ir::OpInfo* param = ir::InternalOps::Get().device_data;
+  for (CollectiveStat& c : collectives) {
+    const ir::Node* input = c.node->input(0).node.get();
+    // A parameter's data is on the device before the step starts, wherever its placeholder
+    // stands in the program (next to its first reader).
+    c.input_position = input->op() == param ? -1 : index.at(input);
+    const int64_t reader = first_reader.at(c.node);
+    c.first_use_position = reader < 0 ? end : reader;
+  }
+  for (OpCost& op : ops) {
+    op.independent_of_collectives = true;
+    for (int64_t i = op.position; i < op.end_position; ++i)
+      if (after.count(nodes[i].get())) op.independent_of_collectives = false;
+  }
 }
 
 }  // namespace spmd::partition

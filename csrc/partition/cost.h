@@ -40,4 +40,26 @@ double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& f
 // One FLOP per result element: ops without a rule (run whole, replicated).
 double ElementFlops(const std::vector<TensorType>& results);
 
+// A pointwise op (an elementwise rule with one FLOP per element; not matmul, whose batch dims
+// are elementwise too): such ops fuse into one kernel with the pointwise ops around them, as
+// XLA fuses loops and torch.compile/Inductor fuses pointwise chains.
+bool IsPointwise(const ShardingRule& rule);
+
+// The GEMM a contraction's rule describes, per device: its two operands carrying contracted
+// factors (factors in no result) are the matrices; the result's factors found only in the
+// first make M, only in the second N, in both a batch; contracted factors make K. Each
+// factor counts with its local (padded) tile under `fa`. mm [i,k],[k,j] -> [i,j] is M = i,
+// K = k, N = j; a convolution is M = batch x output space, K = input channels x kernel taps,
+// N = output channels. All zero for other rules (several results, as a convolution backward).
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+};
+GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa);
+
+// Where communication meets compute in `nodes`, the program `collectives` and `ops` were
+// recorded for (program.h): each collective's input_position and first_use_position, and
+// whether each op is independent_of_collectives.
+void LinkCommunication(const std::vector<ir::NodePtr>& nodes,
+                       std::vector<CollectiveStat>& collectives, std::vector<OpCost>& ops);
+
 }  // namespace spmd::partition

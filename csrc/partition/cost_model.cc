@@ -2,56 +2,56 @@
 
 #include <algorithm>
 
+#include "partition/step_schedule.h"
+
 namespace spmd::partition {
 
-double Hardware::PeakFlops(DType dtype) const {
-  return dtype == DType::kBFloat16 || dtype == DType::kFloat16 ? peak_flops_bf16 : peak_flops_fp32;
+double TileEfficiency(int64_t m, int64_t n, int64_t k, int64_t tile) {
+  if (tile <= 0 || m <= 0 || n <= 0 || k <= 0) return 1;
+  auto padded = [tile](int64_t x) { return static_cast<double>((x + tile - 1) / tile * tile); };
+  return static_cast<double>(m) / padded(m) * static_cast<double>(n) / padded(n) *
+         static_cast<double>(k) / padded(k);
 }
 
-double OpSeconds(const OpCost& op, const Hardware& hw) {
-  const double compute = op.flops > 0 ? op.flops / hw.PeakFlops(op.dtype) : 0;
-  const double memory = hw.hbm_bandwidth > 0 ? op.bytes / hw.hbm_bandwidth : 0;
-  return std::max(compute, memory);
-}
-
-CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
-  CollectiveTime t;
-  t.kind = c.kind;
-  const double n = static_cast<double>(c.group_size);
-  if (n <= 1) return t;
-  if (hw.devices_per_host > 0 && !c.first_group.empty()) {
-    auto [lo, hi] = std::minmax_element(c.first_group.begin(), c.first_group.end());
-    t.crosses_hosts = *lo / hw.devices_per_host != *hi / hw.devices_per_host;
+OpTime OpSeconds(const OpCost& op, const Hardware& hw) {
+  OpTime t;
+  if (op.flops > 0) {
+    double rate = hw.PeakFlops(op.dtype);
+    if (op.contraction)
+      rate *= hw.matmul_efficiency *
+              TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, hw.matmul_tile);
+    t.compute = op.flops / rate;
   }
-  const double bandwidth = t.crosses_hosts ? hw.cross_host_bandwidth : hw.ring_bandwidth;
-  const double s = static_cast<double>(c.bytes);  // each device's input buffer
-  double bytes_sent = 0, steps = n - 1;
-  if (c.kind == "all-gather") {
-    bytes_sent = (n - 1) * s;  // the input is one shard of the gathered n * s
-  } else if (c.kind == "reduce-scatter" || c.kind == "all-to-all") {
-    bytes_sent = (n - 1) / n * s;
-  } else if (c.kind == "all-reduce") {
-    bytes_sent = 2 * (n - 1) / n * s;
-    steps = 2 * (n - 1);
-  } else {  // collective-permute: one exchange with a neighbour
-    bytes_sent = s;
-    steps = 1;
-  }
-  t.seconds = bytes_sent / bandwidth + steps * hw.link_latency;
+  if (hw.hbm_bandwidth > 0)
+    t.memory = static_cast<double>(op.bytes - op.fused_bytes) /
+               (hw.hbm_bandwidth * hw.hbm_efficiency);
   return t;
 }
 
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
   StepEstimate e;
+  std::vector<double> op_seconds, collective_seconds;
   for (const OpCost& op : stats.op_costs) {
-    e.op_seconds.push_back(OpSeconds(op, hw));
-    e.compute_seconds += e.op_seconds.back();
+    e.op_times.push_back(OpSeconds(op, hw));
+    const OpTime& t = e.op_times.back();
+    op_seconds.push_back(t.seconds());
+    (t.compute_bound() ? e.compute_bound_seconds : e.memory_bound_seconds) += t.seconds();
+    e.compute_seconds += t.seconds();
   }
   for (const CollectiveStat& c : stats.collectives) {
     e.collective_seconds.push_back(CollectiveSeconds(c, hw));
-    e.communication_seconds += e.collective_seconds.back().seconds;
+    collective_seconds.push_back(e.collective_seconds.back().seconds);
+    e.communication_seconds += collective_seconds.back();
   }
-  e.step_seconds = e.compute_seconds + e.communication_seconds;
+  StepSchedule s = ScheduleStep(stats, op_seconds, collective_seconds, hw.all_gather_prefetch);
+  for (size_t j = 0; j < e.collective_seconds.size(); ++j) {
+    e.collective_seconds[j].start = s.collective_start[j];
+    e.collective_seconds[j].exposed_seconds = s.collective_exposed[j];
+  }
+  e.op_start = std::move(s.op_start);
+  e.step_seconds = s.seconds;
+  e.exposed_communication_seconds = std::max(0.0, e.step_seconds - e.compute_seconds);
+  e.no_overlap_step_seconds = e.compute_seconds + e.communication_seconds;
   e.overlapped_step_seconds = std::max(e.compute_seconds, e.communication_seconds);
   return e;
 }

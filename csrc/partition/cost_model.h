@@ -1,56 +1,52 @@
 // Predicted step time of a partitioned program on real hardware, from the program's own
-// statistics (per-op FLOPs and bytes from the sharding rules, every collective with its group
-// and bytes) and a hardware description. Torch-free: plan mode and executed steps share it.
+// statistics (per-op FLOPs and bytes from the sharding rules, every collective with its group,
+// bytes and program positions) and a hardware description (partition/hardware.h). Torch-free:
+// plan mode and executed steps share it. The assumptions, one by one: docs/plan_mode.md.
 //
-// The model, and what it leaves out (docs/plan_mode.md):
-// - a local op takes max(FLOPs / peak FLOP/s for its dtype, bytes / HBM bandwidth) (roofline);
-// - a collective over a group of n devices moves, per device, (n-1)/n of the gathered or
-//   reduced buffer (all-reduce twice: reduce-scatter then all-gather) over the bandwidth of a
-//   ring through the group, plus (n-1) link latencies (2(n-1) for all-reduce): the ring
-//   formulas of NCCL's performance notes. A group inside one host (NVLink, or a TPU slice's
-//   ICI torus) rides `ring_bandwidth`; a group that crosses hosts rides `cross_host_bandwidth`;
-// - no overlap of compute and communication (`step_seconds`), and a lower bound with full
-//   overlap (`overlapped_step_seconds`); no kernel launch overhead, no host time.
+// - An op takes max(compute, memory) (roofline). Compute: FLOPs / (peak FLOP/s for its dtype),
+//   for a contraction also x matmul_efficiency and x the fraction of its padded GEMM that is
+//   real work (each of M, N, K padded to matmul_tile). Memory: the bytes it moves to and from
+//   HBM (its operands and results, less those a fused pointwise chain keeps on chip) /
+//   (hbm_bandwidth x hbm_efficiency).
+// - A collective takes the fastest of the algorithms partition/collective_model.h describes,
+//   given where its group sits on the interconnect.
+// - The step is the critical path of a compute stream and a communication stream
+//   (partition/step_schedule.h). No kernel launch overhead, no host time.
 #pragma once
-#include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include "partition/collective_model.h"
+#include "partition/hardware.h"
 #include "partition/program.h"
 
 namespace spmd::partition {
 
-struct Hardware {
-  std::string name;
-  double peak_flops_bf16 = 0;  // per device, dense matmul
-  double peak_flops_fp32 = 0;  // per device, what an fp32 matmul gets by default
-  double hbm_bytes = 0;        // per device
-  double hbm_bandwidth = 0;    // bytes/s per device
-  double ring_bandwidth = 0;   // bytes/s one device sends along a ring inside a host / slice
-  double cross_host_bandwidth = 0;  // bytes/s per device for groups that span hosts
-  double link_latency = 0;     // seconds per ring step
-  int64_t devices_per_host = 0;  // 0: every device on one interconnect (a TPU slice)
-
-  double PeakFlops(DType dtype) const;
-};
-
-struct CollectiveTime {
-  std::string kind;
-  double seconds = 0;
-  bool crosses_hosts = false;
+struct OpTime {
+  double compute = 0;  // at the achieved FLOP rate
+  double memory = 0;   // at the achieved HBM bandwidth
+  double seconds() const { return compute > memory ? compute : memory; }
+  bool compute_bound() const { return compute >= memory; }
 };
 
 struct StepEstimate {
-  double compute_seconds = 0;
-  double communication_seconds = 0;
-  double step_seconds = 0;             // compute + communication (no overlap)
-  double overlapped_step_seconds = 0;  // max(compute, communication)
-  std::vector<double> op_seconds;      // per ProgramStats::op_costs entry
+  double compute_seconds = 0;        // the ops, one after another
+  double compute_bound_seconds = 0;  // of which ops limited by their FLOPs
+  double memory_bound_seconds = 0;   // and ops limited by their HBM traffic
+  double communication_seconds = 0;  // the collectives, one after another
+  double step_seconds = 0;           // the two-stream schedule's critical path
+  // Time the compute stream waits for communication: step_seconds - compute_seconds.
+  double exposed_communication_seconds = 0;
+  double no_overlap_step_seconds = 0;   // compute + communication: the upper bound
+  double overlapped_step_seconds = 0;   // max(compute, communication): the lower bound
+  std::vector<OpTime> op_times;         // per ProgramStats::op_costs entry
+  std::vector<double> op_start;         // in the schedule
   std::vector<CollectiveTime> collective_seconds;  // per ProgramStats::collectives entry
 };
 
-double OpSeconds(const OpCost& op, const Hardware& hw);
-CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw);
+// The fraction of a padded GEMM that is real work: m n k over the product of each extent
+// rounded up to a multiple of `tile` (1 when the tile or the shape is unknown).
+double TileEfficiency(int64_t m, int64_t n, int64_t k, int64_t tile);
+OpTime OpSeconds(const OpCost& op, const Hardware& hw);
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw);
 
 }  // namespace spmd::partition

@@ -14,14 +14,10 @@ Arg AxesArg(const AxisList& axes) {
   return Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end()));
 }
 
-// The halo's collective-permutes in the program statistics, as the runtime counts them.
-void RecordPermute(ProgramBuilder& b, const AxisList& axes, int64_t bytes) {
-  CollectiveStat stat;
-  stat.kind = "collective-permute";
-  for (int a : axes) stat.axes.push_back(b.mesh()->AxisLabel(a));
-  stat.group_size = AxesSize(*b.mesh(), axes);
-  stat.bytes = bytes;
-  b.collectives().push_back(std::move(stat));
+// The halo's collective-permutes in the program statistics, as the runtime counts them, each
+// carried out by `node` (the shift, or the halo exchange making both of its permutes).
+void RecordPermute(ProgramBuilder& b, const AxisList& axes, int64_t bytes, const ir::Node* node) {
+  b.RecordCollective("collective-permute", axes, bytes, node);
 }
 
 // Rows of x shifted by `shift` members along `axes` (member i receives member i - shift's rows;
@@ -34,7 +30,7 @@ LocalValue Shift(LocalBuilder& b, const LocalValue& x, const AxisList& axes, int
   ir::Value r = b.program().EmitInternal(ir::InternalOps::Get().collective_permute, x.value,
                                          {AxesArg(axes), Arg::IntList(pairs)}, x.value.type(),
                                          x.layout, nullptr, axes);
-  RecordPermute(b.program(), axes, x.value.type().bytes());
+  RecordPermute(b.program(), axes, x.value.type().bytes(), r.node.get());
   return LocalValue{r, x.layout, x.global};
 }
 
@@ -119,8 +115,8 @@ LocalValue HaloExchange(LocalBuilder& b, const LocalValue& v, int64_t dim, int64
       {Arg::Int(dim), AxesArg(axes), Arg::Int(left), Arg::Int(right), Arg::Double(value)}, out,
       v.layout, nullptr, axes);
   const int64_t row_bytes = t.shape[dim] == 0 ? 0 : t.bytes() / t.shape[dim];
-  if (left > 0) RecordPermute(b.program(), axes, left * row_bytes);
-  if (right > 0) RecordPermute(b.program(), axes, right * row_bytes);
+  if (left > 0) RecordPermute(b.program(), axes, left * row_bytes, r.node.get());
+  if (right > 0) RecordPermute(b.program(), axes, right * row_bytes, r.node.get());
   return LocalValue{r, v.layout, v.global};
 }
 

@@ -22,19 +22,24 @@ ir::Value ProgramBuilder::EmitInternal(const ir::OpInfo* op, const ir::Value& x,
   args.push_back(ir::Arg::Tensor(0));
   for (auto& a : attrs) args.push_back(std::move(a));
   ir::NodePtr node = Emit(op, {x}, std::move(args), {out}, {layout});
-  if (kind) {
-    CollectiveStat stat;
-    stat.kind = kind;
-    for (int a : axes) stat.axes.push_back(mesh_->AxisLabel(a));
-    stat.group_size = AxesSize(*mesh_, axes);
-    stat.bytes = x.type().bytes();
-    stat.first_group = DeviceGroups(*mesh_, axes).at(0);
-    stat.node = node.get();
-    stat.scope = ir::ScopeName(scope_);
-    stat.position = static_cast<int64_t>(nodes_.size()) - 1;
-    collectives_.push_back(std::move(stat));
-  }
+  if (kind) RecordCollective(kind, axes, x.type().bytes(), node.get());
   return ir::Value{node, 0};
+}
+
+void ProgramBuilder::RecordCollective(const char* kind, const AxisList& axes, int64_t bytes,
+                                      const ir::Node* node) {
+  SPMD_CHECK(!nodes_.empty() && nodes_.back().get() == node,
+             "internal error: a collective is recorded right after its node is emitted");
+  CollectiveStat stat;
+  stat.kind = kind;
+  for (int a : axes) stat.axes.push_back(mesh_->AxisLabel(a));
+  stat.group_size = AxesSize(*mesh_, axes);
+  stat.bytes = bytes;
+  stat.first_group = DeviceGroups(*mesh_, axes).at(0);
+  stat.node = node;
+  stat.scope = ir::ScopeName(scope_);
+  stat.position = static_cast<int64_t>(nodes_.size()) - 1;
+  collectives_.push_back(std::move(stat));
 }
 
 namespace {

@@ -38,6 +38,10 @@ class ProgramBuilder {
   ir::Value EmitInternal(const ir::OpInfo* op, const ir::Value& x, std::vector<ir::Arg> attrs,
                          const TensorType& out, const Sharding& layout, const char* kind,
                          const AxisList& axes);
+  // Records collective `kind` over `axes` for the statistics: `bytes` is each device's input
+  // buffer, `node` the program node (the last one emitted) that carries it out.
+  void RecordCollective(const char* kind, const AxisList& axes, int64_t bytes,
+                        const ir::Node* node);
   std::vector<ir::NodePtr>& nodes() { return nodes_; }
   std::vector<CollectiveStat>& collectives() { return collectives_; }
 

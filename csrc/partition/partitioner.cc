@@ -75,10 +75,12 @@ class Partitioner {
                          "shard_to_full needs a manually sharded value (enable_manual_sharding "
                          "or _mark_manual_sharding), got one laid out as ", v.layout.ToString());
         locals_[n.get()] = {LocalValue{v.value, n->shardings().at(0), n->output(0)}};
-      } else if (HasManualOperand(*n)) {
-        LowerManual(*n);
       } else {
-        LowerNode(*n);
+        if (HasManualOperand(*n))
+          LowerManual(*n);
+        else
+          LowerNode(*n);
+        costs_.back().end_position = static_cast<int64_t>(builder_.nodes().size());
       }
     }
     for (const ir::Value& out : graph_.outputs) {
@@ -105,6 +107,7 @@ class Partitioner {
     }
     program.nodes = std::move(builder_.nodes());
     program.stats.collectives = std::move(builder_.collectives());
+    LinkCommunication(program.nodes, program.stats.collectives, costs_);
     program.stats.replicated_fallback_ops = std::move(fallbacks_);
     for (const OpCost& c : costs_) {
       program.stats.flops_per_device += c.flops;
@@ -258,6 +261,7 @@ class Partitioner {
       result_layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
     }
     RecordCost(n, &*rule, fa, operands, result_layouts);
+    const size_t first_node = builder_.nodes().size();
     LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
     std::vector<LocalValue> results;
     if (rule->lower) {
@@ -272,7 +276,37 @@ class Partitioner {
     }
     SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
                n.op()->qualified, " produced ", results.size(), " results");
+    if (IsPointwise(*rule)) NotePointwiseResults(n, results, first_node);
     locals_[&n] = std::move(results);
+  }
+
+  // Fusion bookkeeping: the local nodes a pointwise op's lowering emitted for its results
+  // (those emitted at `first_node` or later; a lowering may also hand back an operand as is).
+  void NotePointwiseResults(const ir::Node& n, const std::vector<LocalValue>& results,
+                            size_t first_node) {
+    const std::vector<ir::NodePtr>& emitted = builder_.nodes();
+    for (const LocalValue& r : results)
+      if (std::find(emitted.begin() + first_node, emitted.end(), r.value.node) != emitted.end())
+        pointwise_results_[r.value.node.get()] = PointwiseResult{costs_.size() - 1, &n};
+  }
+
+  // A pointwise op reading a value that a pointwise op produced for it alone (its only reader
+  // in the graph, read as produced: no collective or other op in between) runs fused with that
+  // producer: the value's HBM round trip (the producer's write, this op's read) is not paid.
+  void FuseWithProducers(const ir::Node& n, const std::vector<LocalValue>& operands, OpCost& c) {
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const ir::Value& local = operands[i].value;
+      auto it = pointwise_results_.find(local.node.get());
+      if (it == pointwise_results_.end()) continue;
+      // Read only here: both the value this op reads and the producer's result have this
+      // single reader (a view in between may have handed the producer's buffer on as is).
+      const ir::Value& in = n.input(i);
+      if (UsesOf(in.node.get(), in.index) != 1 || UsesOf(it->second.global, local.index) != 1)
+        continue;
+      const int64_t bytes = local.type().bytes();
+      c.fused_bytes += bytes;
+      costs_[it->second.cost].fused_bytes += bytes;
+    }
   }
 
   // The operands whose pending partial sums may pass through node `n` unreduced: the one
@@ -345,6 +379,14 @@ class Partitioner {
     if (n.num_outputs() > 0) c.dtype = n.output(0).dtype;
     c.flops = rule ? RuleFlops(*rule, *mesh_, fa, local) : ElementFlops(local);
     c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
+    c.contraction = rule && rule->flops_per_point && *rule->flops_per_point > 0;
+    if (c.contraction) {
+      GemmShape g = ContractionShape(*rule, *mesh_, fa);
+      c.gemm_m = g.m;
+      c.gemm_n = g.n;
+      c.gemm_k = g.k;
+    }
+    if (rule && IsPointwise(*rule)) FuseWithProducers(n, operands, c);
     costs_.push_back(std::move(c));
   }
 
@@ -385,6 +427,13 @@ class Partitioner {
   std::unordered_map<const ir::Node*, std::vector<LocalValue>> locals_;
   std::map<std::string, int64_t> fallbacks_;
   std::vector<OpCost> costs_;
+  // Local nodes a pointwise op emitted for its results: that op's entry in costs_ and the
+  // global node it lowers (whose results' readers decide whether they fuse).
+  struct PointwiseResult {
+    size_t cost;
+    const ir::Node* global;
+  };
+  std::unordered_map<const ir::Node*, PointwiseResult> pointwise_results_;
   std::unordered_map<const ir::Node*, int32_t> scalar_base_;  // first scalar slot of each node
   std::map<std::pair<const ir::Node*, int>, int> uses_;  // readers of each value in the graph
 };

@@ -21,6 +21,14 @@ struct CollectiveStat {
   const ir::Node* node = nullptr;  // the collective in Program::nodes
   std::string scope;  // module path of the op it was emitted for (ir/scope.h)
   int64_t position = 0;  // index of the collective in Program::nodes
+  // Where its input is produced and where its result is first read (indices in
+  // Program::nodes; -1 for a parameter, there before the step starts; Program::nodes.size()
+  // for a result read only as a program output). The step-time model
+  // starts a collective once its input exists and makes compute wait only at its first reader
+  // (partition/step_schedule.h). Set by LinkCommunication (partition/cost.h); left at -1, a
+  // collective is read before the program's first op (no overlap).
+  int64_t input_position = -1;
+  int64_t first_use_position = -1;
 };
 
 // One op of the global graph as the program runs it on each device.
@@ -29,9 +37,22 @@ struct OpCost {
   double flops = 0;          // per device (from the op's sharding rule)
   double model_flops = 0;    // the whole op's, once (model FLOPs for MFU)
   int64_t bytes = 0;         // per device: local operands read plus local results written
+  // Of `bytes`, those that never reach HBM in a fused pointwise region: a pointwise op's read
+  // of a value that a pointwise op produced for it alone, and that producer's write of it.
+  int64_t fused_bytes = 0;
   DType dtype = DType::kFloat32;  // of its first result: picks the peak FLOP/s that applies
+  // A contraction (matmul, convolution: its rule's FLOPs are multiply-adds) runs on the matrix
+  // units; its per-device GEMM extents, when it is one (ContractionShape in partition/cost.h),
+  // let the model charge the padding of each extent to the hardware's tile. 0: not known.
+  bool contraction = false;
+  int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
   std::string scope;            // module path (ir/scope.h)
   int64_t position = 0;         // index in Program::nodes of its first local node
+  int64_t end_position = 0;     // one past its last local node
+  // Nothing it computes depends on a collective's result (a weight's transpose before its
+  // all-gather, a data-parallel backward): a scheduler may run it before ops that wait for
+  // communication (partition/step_schedule.h). Set by LinkCommunication (partition/cost.h).
+  bool independent_of_collectives = false;
 };
 
 struct ProgramStats {

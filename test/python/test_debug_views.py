@@ -119,9 +119,16 @@ def test_trace_has_a_lane_per_device_with_ops_and_collectives(tmp_path):
     collectives = [e for e in slices if e["cat"] == "collective" and e["pid"] == 0]
     assert len(collectives) == len(stats["collectives"])
     assert all(e["dur"] > 0 for e in slices)
-    # Slices of a lane follow each other; the lane lasts the predicted step.
+    # A lane is the cost model's two-stream schedule: ops follow each other on the compute
+    # thread, collectives on the communication thread, and the lane ends with the predicted
+    # step.
     lane0 = [e for e in slices if e["pid"] == 0]
-    end = lane0[-1]["ts"] + lane0[-1]["dur"]
+    for tid, cat in ((0, "op"), (1, "collective")):
+        thread = sorted((e for e in lane0 if e["tid"] == tid), key=lambda e: e["ts"])
+        assert thread and all(e["cat"] == cat for e in thread)
+        for a, b in zip(thread, thread[1:]):
+            assert b["ts"] >= a["ts"] + a["dur"] - 1e-3
+    end = max(e["ts"] + e["dur"] for e in lane0)
     assert end == pytest.approx(data["otherData"]["predicted_step_seconds"] * 1e6, rel=1e-6, abs=1e-3)
 
 

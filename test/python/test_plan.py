@@ -250,3 +250,148 @@ def test_meta_model_to_empty_and_the_host_preset():
     # Parameters and gradients, each split 8 ways, and the input's shard.
     assert out["resident"] == 2 * 4 * out["n"] // 8 + 32 * 64 * 4 // 8
     assert out["step"] > 0 and 0 < out["mfu"] < 1
+
+
+FSDP_MLP = """
+    from torch_spmd.experimental.spmd_fully_sharded_data_parallel import \\
+        SpmdFullyShardedDataParallel as FSDPv2
+    # Six Linear+GELU layers, FSDPv2 over 8 devices: every layer's weight is all-gathered
+    # before its matmul, its gradient reduced after. Communication and compute are comparable
+    # on this hardware, so how much of it overlaps decides the step.
+    hw = dict(name="test", peak_flops_bf16=2e12, hbm_bytes=16 << 30, hbm_bandwidth=1e12,
+              ring_bandwidth=5e9, link_latency=1e-6)
+    with plan.Plan(num_devices=8, hardware=hw) as p:
+        mesh = xs.Mesh(np.arange(8), (8,), ("fsdp",))
+        with torch.device("spmd"):
+            model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 512),
+                                                              torch.nn.GELU())
+                                          for _ in range(6)])
+        model = FSDPv2(model, mesh=mesh)
+        xm.mark_step()
+        x = torch.empty(8192, 512, device="spmd")
+        xs.mark_sharding(x, mesh, ("fsdp", None))
+        model(x).sum().backward()
+        xm.mark_step()
+        r = p.report()
+    print(json.dumps(dict(r.as_dict(), text=str(r), hardware=None)))
+"""
+
+
+def test_fsdp_all_gathers_overlap_compute():
+    r = run_script(FSDP_MLP)
+    compute, comm = r["compute_seconds"], r["communication_seconds"]
+    step = r["predicted_step_seconds"]
+    gathers = [c for c in r["collectives"] if c["kind"] == "all-gather"]
+    assert gathers and comm > 0.3 * compute and compute > 0.3 * comm
+    # The critical path of the two streams lies between full overlap and none, strictly below
+    # the serial sum: later layers' weights are gathered while earlier layers compute.
+    assert r["overlapped_step_seconds"] == pytest.approx(max(compute, comm))
+    assert r["no_overlap_step_seconds"] == pytest.approx(compute + comm)
+    assert max(compute, comm) <= step * (1 + 1e-12)
+    assert step < 0.95 * (compute + comm)
+    assert sum(g["exposed_seconds"] for g in gathers) < 0.5 * sum(g["seconds"] for g in gathers)
+    # Where the time goes: ops split by what bounds them, exposed communication the rest.
+    assert r["exposed_communication_seconds"] == pytest.approx(step - compute)
+    assert r["compute_bound_seconds"] + r["memory_bound_seconds"] == pytest.approx(compute)
+    modules = r["time_by_module"]
+    assert sum(m["seconds"] for m in modules) == pytest.approx(step)
+    assert sum(m["compute_seconds"] for m in modules) == pytest.approx(compute)
+    assert any(m["module"].startswith("_orig_module.0") for m in modules)
+    assert "time by module" in r["text"] and "exposed" in r["text"]
+
+
+TOPOLOGY = """
+    def dp_allreduce(n, hardware):
+        # Data parallel over n devices: every gradient is all-reduced over all of them.
+        with plan.Plan(num_devices=n, hardware=hardware) as p:
+            mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+            w = torch.empty(4096, 4096, device="spmd", requires_grad=True)
+            x = torch.empty(8 * n, 4096, device="spmd")
+            xs.mark_sharding(x, mesh, ("data", None))
+            (x @ w).sum().backward()
+            g = w.grad
+            xm.mark_step()
+            r = p.report()
+        big = max(r.collectives, key=lambda c: c["bytes"])
+        return dict(seconds=big["seconds"] / big["count"], crosses=big["crosses_hosts"],
+                    algorithm=big["algorithm"], bytes=big["bytes"], group=big["group_size"])
+
+    out = dict(one_host=dp_allreduce(8, "h100-80gb"), two_hosts=dp_allreduce(16, "h100-80gb"))
+    # TPU v5e slices of 4 chips: 8 chips are two slices joined by DCN.
+    v5e = plan.resolve("tpu-v5e")
+    out["one_slice"] = dp_allreduce(8, v5e)
+    out["two_slices"] = dp_allreduce(8, dict(v5e, devices_per_slice=4))
+    out["dcn_bandwidth"] = v5e["dcn_bandwidth"]
+    out["ring_bandwidth"] = v5e["ring_bandwidth"]
+    print(json.dumps(out))
+"""
+
+
+def test_collectives_by_topology():
+    out = run_script(TOPOLOGY)
+    one, two = out["one_host"], out["two_hosts"]
+    assert one["group"] == 8 and two["group"] == 16 and one["bytes"] == two["bytes"]
+    assert not one["crosses"] and two["crosses"]
+    # 16 GPUs on two hosts: the ring crosses the hosts over the 8 NICs of each host's members
+    # (min(NVLink, 8 x 50 GB/s) = 400 GB/s), not one NIC: barely slower than inside one host.
+    # The one-NIC model charged 2 * 15/16 s / 50e9, 9.6x the one-host time.
+    assert 1.0 < two["seconds"] / one["seconds"] < 1.5
+    # Two TPU slices: the all-reduce crosses DCN (hierarchically: inside each slice over ICI,
+    # across the slices over each chip's DCN share), far slower than inside one slice.
+    s1, s2 = out["one_slice"], out["two_slices"]
+    assert not s1["crosses"] and s2["crosses"] and s2["algorithm"] == "hierarchical"
+    # Across the slices each chip sends its quarter of the buffer over DCN: 2 * 1/2 * s/4.
+    assert s2["seconds"] > 0.25 * s2["bytes"] / out["dcn_bandwidth"]
+    assert s2["seconds"] > 4 * s1["seconds"]
+
+
+def test_tiny_all_reduce_on_8192_chips_costs_microseconds():
+    out = run_script("""
+        with plan.Plan(num_devices=8192, hardware="tpu-v5p") as p:
+            mesh = xs.Mesh(np.arange(8192), (8192,), ("x",))
+            v = torch.empty(8192, device="spmd")
+            xs.mark_sharding(v, mesh, ("x",))
+            y = v.sum().exp()      # the sum's partial results are all-reduced first: 4 bytes
+            xm.mark_step()
+            r = p.report()
+        print(json.dumps(r.collectives))
+    """)
+    ar = [c for c in out if c["kind"] == "all-reduce" and c["bytes"] == 4]
+    assert len(ar) == 1 and ar[0]["group_size"] == 8192
+    # A flat ring: 2 * 8191 steps of 5 us = 82 ms. A tree: 2 * 13 steps, 130 us.
+    assert 1e-6 < ar[0]["seconds"] < 1e-3, ar[0]
+    assert ar[0]["algorithm"] == "tree"
+
+
+def test_new_presets_resolve_with_sources():
+    names = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-40gb", "a100-80gb", "h100-80gb",
+             "h100-96gb", "h200")
+    for name in names:
+        hw = plan.resolve(name)
+        assert hw["name"] == name and hw["peak_flops_bf16"] > 1e14 and hw["hbm_bytes"] > 1e10
+        assert hw["matmul_efficiency"] == 1.0 and hw["hbm_efficiency"] == 1.0  # placeholders
+        assert hw["matmul_tile"] in (128, 256) and hw["link_latency"] > 0
+        tpu = name.startswith("tpu")
+        if tpu:
+            assert "dcn_bandwidth" in hw and hw["torus_dims"] in (2, 3)
+            assert hw["devices_per_slice"] >= 256
+        else:
+            assert hw["devices_per_host"] == 8 and "cross_host_bandwidth" in hw
+    for chip in ("TPU v4", "TPU v5e", "TPU v5p", "TPU v6e", "A100 40GB", "H100 80GB", "H100 96GB",
+                 "H200"):
+        assert chip in plan.hardware.__doc__  # each preset's sources
+    v6e = plan.resolve("v6e")
+    assert v6e["peak_flops_bf16"] == 918e12 and v6e["hbm_bandwidth"] == 1640e9
+    assert v6e["matmul_tile"] == 256 and v6e["devices_per_slice"] == 256 and v6e["torus_dims"] == 2
+    h100_96, h100_80 = plan.resolve("h100-96gb"), plan.resolve("h100-80gb")
+    assert h100_96["peak_flops_bf16"] < h100_80["peak_flops_bf16"]
+    assert plan.resolve("h200")["hbm_bandwidth"] == 4800e9
+    assert plan.resolve("a100-40gb")["hbm_bandwidth"] == 1555e9
+    # Custom dicts: efficiencies default to the peak; a domain is a host or a slice, not both.
+    hw = plan.resolve(dict(peak_flops_bf16=1e12, hbm_bytes=1e9, hbm_bandwidth=1e11,
+                           ring_bandwidth=1e10))
+    assert hw["matmul_efficiency"] == 1.0 and hw["matmul_tile"] == 0
+    with pytest.raises(ValueError, match="both devices_per_host and devices_per_slice"):
+        plan.resolve(dict(hw, devices_per_slice=4))
+    with pytest.raises(ValueError, match="fraction"):
+        plan.resolve(dict(hw, matmul_efficiency=1.5))

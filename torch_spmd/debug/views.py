@@ -104,9 +104,10 @@ def trace(path: str, hardware: Union[str, dict, None] = None,
 
     ``measured`` (default: whenever the last step was executed, not planned): the emulator's
     wall time of each instruction of the per-device program, per device (devices computing the
-    same replicated result share one kernel call and its time). Otherwise each op of the global
-    program and each collective is timed by the cost model on ``hardware`` (default: the
-    plan's, else ``'host'``): what a pod would take. Returns the trace dict."""
+    same replicated result share one kernel call and its time), back to back. Otherwise the
+    cost model's schedule on ``hardware`` (default: the plan's, else ``'host'``): what a pod
+    would take, ops on a compute thread and collectives on a communication thread of each lane,
+    each at the time the two-stream schedule starts it. Returns the trace dict."""
     from ..plan.hardware import resolve
     from ..plan import _active_hardware
     profile = _C._last_run_profile()
@@ -119,16 +120,17 @@ def trace(path: str, hardware: Union[str, dict, None] = None,
     hw = resolve(hardware if hardware is not None else (_active_hardware() or "host"))
     stats = _C._last_step_stats()
     est = _C._estimate_last_step(hw)
-    events = []
-    for (op, _, _, nbytes, dtype, scope, position), seconds in zip(stats["op_costs"],
-                                                                   est["op_seconds"]):
-        events.append((position, _label(op, scope), "op", seconds, dict(bytes=nbytes, dtype=dtype)))
-    for c, (seconds, crosses) in zip(stats["collectives"], est["collective_seconds"]):
-        events.append((c["position"], _label(c["kind"], c.get("scope", "")), "collective", seconds,
+    slices = []
+    for (op, _, _, nbytes, dtype, scope, _), seconds, start in zip(
+            stats["op_costs"], est["op_seconds"], est["op_start"]):
+        slices.append((_label(op, scope), "op", lambda d, s=seconds: s,
+                       dict(bytes=nbytes, dtype=dtype), start))
+    for c, t in zip(stats["collectives"], est["collective_seconds"]):
+        slices.append((_label(c["kind"], c.get("scope", "")), "collective",
+                       lambda d, s=t["seconds"]: s,
                        dict(axes=c["axes"], group_size=c["group_size"], bytes=c["bytes"],
-                            crosses_hosts=crosses)))
-    events.sort(key=lambda e: e[0])
-    slices = [(name, cat, lambda d, s=seconds: s, args) for _, name, cat, seconds, args in events]
+                            crosses_hosts=t["crosses_hosts"], algorithm=t["algorithm"],
+                            exposed_seconds=t["exposed_seconds"]), t["start"]))
     return _write_trace(path, slices, devices,
                         dict(times="predicted", hardware=hw["name"],
                              predicted_step_seconds=est["step_seconds"]))
@@ -138,22 +140,35 @@ def _measured_trace(path: str, profile: list, devices: Optional[int]) -> dict:
     slices = []
     for op, scope, internal, seconds in profile:
         kind = "collective" if internal and op.split("::")[-1] in _COLLECTIVES else "op"
-        slices.append((_label(op, scope), kind, lambda d, s=seconds: s[d], {}))
+        slices.append((_label(op, scope), kind, lambda d, s=seconds: s[d], {}, None))
     return _write_trace(path, slices, devices,
                         dict(times="measured on the emulator", instructions=len(profile)))
 
 
+_THREADS = {"op": (0, "compute"), "collective": (1, "communication")}
+
+
 def _write_trace(path: str, slices: list, devices: Optional[int], other: dict) -> dict:
-    """One lane per device, `slices` ((name, category, seconds of device d, args)) back to
-    back in each; written as Chrome trace JSON."""
+    """One lane per device, `slices` ((name, category, seconds of device d, args, start)) in
+    each: back to back on one thread when start is None, else from `start` seconds on the
+    thread of their category (a schedule: compute and communication run side by side);
+    written as Chrome trace JSON."""
+    scheduled = any(start is not None for *_, start in slices)
     trace_events = []
     for d in range(devices or xr.global_runtime_device_count()):
         trace_events.append(dict(name="process_name", ph="M", pid=d, tid=0,
                                  args=dict(name=f"device {d}")))
+        if scheduled:
+            for tid, thread in _THREADS.values():
+                trace_events.append(dict(name="thread_name", ph="M", pid=d, tid=tid,
+                                         args=dict(name=thread)))
         t = 0.0
-        for name, cat, seconds_of, args in slices:
+        for name, cat, seconds_of, args, start in slices:
             seconds = seconds_of(d)
-            trace_events.append(dict(name=name, cat=cat, ph="X", pid=d, tid=0, ts=t * 1e6,
+            if start is not None:
+                t = start
+            tid = _THREADS[cat][0] if scheduled else 0
+            trace_events.append(dict(name=name, cat=cat, ph="X", pid=d, tid=tid, ts=t * 1e6,
                                      dur=max(seconds * 1e6, 0.001), args=args))
             t += seconds
     data = dict(traceEvents=trace_events, displayTimeUnit="ms", otherData=other)

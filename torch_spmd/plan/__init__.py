@@ -15,8 +15,8 @@ usual (the same compiler, the same cache) but executes nothing; its outputs beco
 tensors in the layouts the program would produce. Reading values (``.cpu()``, ``.item()``,
 ``local_shards``) raises a RuntimeError naming the plan. ``p.report()`` describes the last
 planned step: per-device peak and resident bytes, FLOPs, every collective with its bytes, the
-predicted step time and MFU on ``hardware`` (see ``torch_spmd.plan.hardware``), and the
-assumptions behind them. See docs/plan_mode.md.
+predicted step time (and where it goes) and MFU on ``hardware`` (see
+``torch_spmd.plan.hardware``), and the assumptions behind them. See docs/plan_mode.md.
 """
 from typing import Optional, Sequence, Union
 
@@ -42,8 +42,9 @@ class Plan:
         num_devices: devices of the planned pod (default: the current device count,
             ``SPMD_NUM_DEVICES``). The emulated device set is resized for the plan and restored
             after it, which needs no live device buffers when the count changes.
-        hardware: a preset name (``'tpu-v4'``, ``'tpu-v5e'``, ``'tpu-v5p'``, ``'a100-80gb'``,
-            ``'h100-80gb'``, ``'host'``) or a dict of numbers (``torch_spmd.plan.hardware``).
+        hardware: a preset name (``'tpu-v4'``, ``'tpu-v5e'``, ``'tpu-v5p'``, ``'tpu-v6e'``,
+            ``'a100-40gb'``, ``'a100-80gb'``, ``'h100-80gb'``, ``'h100-96gb'``, ``'h200'``,
+            ``'host'``) or a dict of numbers (``torch_spmd.plan.hardware``).
         mesh_shape: if given, a mesh of that shape over all devices becomes the global mesh
             (``xs.get_global_mesh()``), with ``axis_names`` if given.
     """

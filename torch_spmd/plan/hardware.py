@@ -1,32 +1,69 @@
-"""Hardware presets for plan mode's cost model (``partition/cost_model.h``), with sources.
+"""Hardware presets for plan mode's cost model (``partition/hardware.h``,
+``partition/cost_model.h``), with sources.
 
 Every number is per device (a TPU chip or a GPU). Fields:
 
 - ``peak_flops_bf16``: dense bf16 matmul FLOP/s; ``peak_flops_fp32``: what an fp32 matmul gets
   by default (TPUs: XLA's default precision runs fp32 matmuls as one bf16 pass, so the bf16
   peak; GPUs: PyTorch's default, TF32 off, the plain fp32 peak);
-- ``hbm_bytes``, ``hbm_bandwidth`` (bytes/s);
-- ``ring_bandwidth``: bytes/s a device sends along a ring inside one interconnect domain (a
-  TPU slice's ICI torus: the two links of one torus dimension; a GPU host's NVLink: the
-  per-direction NVLink bandwidth); ``cross_host_bandwidth``: bytes/s per device for groups that
-  span hosts (GPUs: the host's InfiniBand NICs shared by its GPUs); ``devices_per_host``
-  (0: one interconnect for all devices, a TPU slice);
-- ``link_latency``: seconds per ring step (order of magnitude, from vendor and benchmark
-  reports: ICI and NVLink a few microseconds).
+- ``matmul_efficiency``: the fraction of that peak large matmuls achieve (kernel efficiency,
+  clocks under a power cap); ``matmul_tile``: each GEMM extent (M, N, K) is padded to a multiple
+  of it, so small and thin matmuls also waste the padding (TPU: the MXU's side, 128, 256 on
+  v6e; GPU: 128, the M x N block of cuBLAS/CUTLASS bf16 tensor-core kernels for large GEMMs,
+  K is consumed in chunks of 32-64 so padding it to 128 overstates the loss for K < 128);
+  0 turns the shape term off;
+- ``hbm_bytes``, ``hbm_bandwidth`` (bytes/s), ``hbm_efficiency`` (the fraction of it kernels
+  achieve);
+- the interconnect, two levels. A *domain* is what one fast interconnect joins: a GPU host
+  (``devices_per_host``, NVLink) or a TPU slice (``devices_per_slice``, ICI); device ids are
+  laid out domain by domain; 0: every device in one domain. ``ring_bandwidth``: bytes/s a
+  device sends along a ring inside a domain (a TPU torus dimension's two links; a GPU's
+  per-direction NVLink bandwidth). Across domains each device has its own share of the
+  network: ``cross_host_bandwidth`` (a GPU's InfiniBand/RoCE NIC) or ``dcn_bandwidth`` (a TPU
+  chip's share of its host's data-center network NICs). ``torus_dims``: 2 or 3 for a TPU
+  slice's ICI torus (collectives run a ring per torus dimension: fewer latency steps), 0 for a
+  switch (NVLink);
+- ``link_latency``: seconds per algorithm step (order of magnitude, from vendor and benchmark
+  reports: ICI and NVLink a few microseconds);
+- ``all_gather_prefetch``: how many all-gathers may be issued ahead of the compute that reads
+  them (FSDP's ``limit_all_gathers`` keeps 2 in flight); 0: no limit. A scheduling setting, not
+  hardware; every preset leaves it at 0.
+
+**Placeholders.** ``matmul_efficiency`` and ``hbm_efficiency`` are 1.0 in every preset (peak):
+``benchmarks/plan_fidelity.py`` fits them against published training runs and replaces these
+values. A dict of your own may set them from your measurements.
 
 Sources (public spec sheets, read 2026):
 - TPU v4: cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s, 3-D torus,
-  ICI 2,400 Gbit/s per chip = 300 GB/s over 6 links, 50 GB/s each); Jouppi et al., ISCA 2023.
-- TPU v5e: cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 16 GiB at 819 GB/s, 2-D torus,
-  ICI 1,600 Gbit/s per chip = 200 GB/s over 4 links).
+  pods of 4,096 chips, the largest slice), Jouppi et al., ISCA 2023 (ICI 2,400 Gbit/s per chip
+  = 300 GB/s over 6 links, 50 GB/s each; 128x128 MXUs). Google publishes no per-chip DCN
+  figure for v4: we assume v5p's 50 Gbit/s (6.25 GB/s); override it if you know yours.
+- TPU v5e: cloud.google.com/tpu/docs/v5e and /v6e (197 TFLOP/s bf16, 16 GiB at 819 GB/s, 2-D
+  torus, ICI 1,600 Gbit/s per chip = 200 GB/s over 4 links, 256-chip pods = the largest
+  slice, 8 chips and 2 x 100 Gbit/s NICs per host = 25 Gbit/s = 3.125 GB/s DCN per chip,
+  128x128 MXUs).
 - TPU v5p: cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 95 GiB at 2,765 GB/s, 3-D torus,
-  ICI 4,800 Gbit/s per chip = 600 GB/s over 6 links).
-- A100 80GB SXM: NVIDIA A100 datasheet (312 TFLOP/s bf16 dense, 19.5 TFLOP/s fp32, 80 GB HBM2e
-  at 2,039 GB/s, NVLink 3 600 GB/s bidirectional = 300 GB/s per direction, 8 per HGX host,
-  8x HDR 200 Gbit/s InfiniBand per host = 25 GB/s per GPU).
+  ICI 4,800 Gbit/s per chip = 600 GB/s over 6 links, DCN 50 Gbit/s = 6.25 GB/s per chip, the
+  largest single slice 6,144 chips of an 8,960-chip pod; 128x128 MXUs).
+- TPU v6e (Trillium): cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 32 GB at 1,640 GB/s,
+  ICI 3,584 Gbit/s per chip = 448 GB/s over 4 ports, 112 GB/s each; 2-D torus, 256-chip pods
+  = the largest slice; 8 chips and 4 x 200 Gbit/s NICs per host = 100 Gbit/s = 12.5 GB/s DCN
+  per chip); 256x256 MXUs (jax-ml.github.io/scaling-book/tpus).
+- A100 40GB / 80GB SXM: NVIDIA A100 datasheet (312 TFLOP/s bf16 dense, 19.5 TFLOP/s fp32,
+  40 GB HBM2 at 1,555 GB/s / 80 GB HBM2e at 2,039 GB/s, NVLink 3 600 GB/s bidirectional = 300
+  GB/s per direction, 8 per HGX host, 8x HDR 200 Gbit/s InfiniBand per host = 25 GB/s per GPU).
 - H100 80GB SXM: NVIDIA H100 datasheet (989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 80 GB HBM3 at
   3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction, 8 per HGX host,
   8x NDR 400 Gbit/s InfiniBand per host = 50 GB/s per GPU).
+- H100 96GB (HBM2e, 500 W; the part of torchtitan's published benchmarks, Meta's Grand Teton
+  hosts): torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (96 GB HBM2e at 2.4
+  TB/s, 8 per host on NVLink, 400 Gbit/s RDMA per GPU = 50 GB/s, 500 W power limit);
+  TechPowerUp's GPU database, "NVIDIA H100 SXM5 96 GB" (62.08 TFLOP/s fp32 against the 80 GB
+  SXM5's 66.91: a lower boost clock), so its dense bf16 peak is 989.4 x 62.08 / 66.91 = 918
+  TFLOP/s. The 500 W cap lowers sustained clocks further: that belongs to matmul_efficiency.
+- H200 SXM: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s, 989 TFLOP/s bf16 dense, 67
+  TFLOP/s fp32, NVLink 4 as H100); HGX H200 reference hosts: 8 GPUs, 8x NDR 400 Gbit/s NICs =
+  50 GB/s per GPU.
 - ``host``: measured on this machine when first asked for (fp32 matmul peak with every core,
   memory copy bandwidth); the emulated devices share the host, so it has no interconnect of
   its own: collectives are memory copies.
@@ -38,27 +75,46 @@ from typing import Dict, Union
 GB = 1e9
 GIB = 1 << 30
 
+# Fitted by benchmarks/plan_fidelity.py against published runs; 1.0 (the peak) until then.
+PLACEHOLDER_EFFICIENCY = 1.0
+
+
+def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips, dcn_bandwidth,
+         tile=128):
+    return dict(peak_flops_bf16=peak, peak_flops_fp32=peak,
+                matmul_efficiency=PLACEHOLDER_EFFICIENCY, matmul_tile=tile, hbm_bytes=hbm_bytes,
+                hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
+                ring_bandwidth=2 * link_bandwidth, torus_dims=torus_dims,
+                devices_per_slice=slice_chips, dcn_bandwidth=dcn_bandwidth, link_latency=5e-6)
+
+
+def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth):
+    return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32,
+                matmul_efficiency=PLACEHOLDER_EFFICIENCY, matmul_tile=128, hbm_bytes=hbm_bytes,
+                hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
+                ring_bandwidth=nvlink_bandwidth, devices_per_host=8,
+                cross_host_bandwidth=nic_bandwidth, link_latency=3e-6)
+
+
 PRESETS: Dict[str, dict] = {
-    "tpu-v4": dict(peak_flops_bf16=275e12, peak_flops_fp32=275e12, hbm_bytes=32 * GIB,
-                   hbm_bandwidth=1200 * GB, ring_bandwidth=2 * 50 * GB,
-                   cross_host_bandwidth=2 * 50 * GB, link_latency=5e-6, devices_per_host=0),
-    "tpu-v5e": dict(peak_flops_bf16=197e12, peak_flops_fp32=197e12, hbm_bytes=16 * GIB,
-                    hbm_bandwidth=819 * GB, ring_bandwidth=2 * 50 * GB,
-                    cross_host_bandwidth=2 * 50 * GB, link_latency=5e-6, devices_per_host=0),
-    "tpu-v5p": dict(peak_flops_bf16=459e12, peak_flops_fp32=459e12, hbm_bytes=95 * GIB,
-                    hbm_bandwidth=2765 * GB, ring_bandwidth=2 * 100 * GB,
-                    cross_host_bandwidth=2 * 100 * GB, link_latency=5e-6, devices_per_host=0),
-    "a100-80gb": dict(peak_flops_bf16=312e12, peak_flops_fp32=19.5e12, hbm_bytes=80 * GB,
-                      hbm_bandwidth=2039 * GB, ring_bandwidth=300 * GB,
-                      cross_host_bandwidth=25 * GB, link_latency=3e-6, devices_per_host=8),
-    "h100-80gb": dict(peak_flops_bf16=989e12, peak_flops_fp32=67e12, hbm_bytes=80 * GB,
-                      hbm_bandwidth=3350 * GB, ring_bandwidth=450 * GB,
-                      cross_host_bandwidth=50 * GB, link_latency=3e-6, devices_per_host=8),
+    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB),
+    "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB),
+    "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB),
+    "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, tile=256),
+    "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB),
+    "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB),
+    "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB),
+    "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB),
+    "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB),
 }
-ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "a100": "a100-80gb",
-           "h100": "h100-80gb", "tpu_v4": "tpu-v4", "a100-80GB": "a100-80gb",
-           "h100-80GB": "h100-80gb"}
+ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
+           "trillium": "tpu-v6e", "a100": "a100-80gb", "h100": "h100-80gb", "tpu_v4": "tpu-v4",
+           "a100-80GB": "a100-80gb", "a100-40GB": "a100-40gb", "h100-80GB": "h100-80gb",
+           "h100-96GB": "h100-96gb", "h200-141gb": "h200"}
 REQUIRED = ("peak_flops_bf16", "hbm_bytes", "hbm_bandwidth", "ring_bandwidth")
+# Fields that name the same thing for GPU hosts and TPU slices: give one of each pair.
+DOMAIN_FIELDS = (("devices_per_host", "devices_per_slice"),
+                 ("cross_host_bandwidth", "dcn_bandwidth"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,31 +148,50 @@ def _host_memory() -> int:
 
 
 def resolve(hardware: Union[str, dict]) -> dict:
-    """A preset by name (``'tpu-v4'``, ``'tpu-v5e'``, ``'tpu-v5p'``, ``'a100-80gb'``,
-    ``'h100-80gb'``, ``'host'``), or the user's own dict with at least ``peak_flops_bf16``,
-    ``hbm_bytes``, ``hbm_bandwidth`` and ``ring_bandwidth`` (the other fields default as in the
-    module docstring). Returns a new dict with a ``name``."""
+    """A preset by name (``'tpu-v4'``, ``'tpu-v5e'``, ``'tpu-v5p'``, ``'tpu-v6e'``,
+    ``'a100-40gb'``, ``'a100-80gb'``, ``'h100-80gb'``, ``'h100-96gb'``, ``'h200'``, ``'host'``),
+    or the user's own dict with at least ``peak_flops_bf16``, ``hbm_bytes``, ``hbm_bandwidth``
+    and ``ring_bandwidth`` (the other fields default as in the module docstring: efficiencies
+    1.0, no tile padding, one interconnect domain). Returns a new dict with a ``name``."""
     if isinstance(hardware, str):
         key = ALIASES.get(hardware, hardware).lower()
         if key == "host":
-            return dict(measure_host(), name="host")
+            return _with_defaults(dict(measure_host(), name="host"))
         if key not in PRESETS:
             raise ValueError(f"unknown hardware {hardware!r}; expected one of "
                              f"{sorted(PRESETS) + ['host']} or a dict of its numbers")
-        return dict(PRESETS[key], name=key)
+        return _with_defaults(dict(PRESETS[key], name=key))
     if not isinstance(hardware, dict):
         raise TypeError(f"hardware must be a preset name or a dict, got {type(hardware).__name__}")
     missing = [k for k in REQUIRED if k not in hardware]
     if missing:
         raise ValueError(f"hardware dict lacks {missing}; it needs {list(REQUIRED)}")
-    hw = dict(hardware)
+    hw = _with_defaults(dict(hardware))
+    for k in ("peak_flops_bf16", "peak_flops_fp32", "hbm_bytes", "hbm_bandwidth",
+              "ring_bandwidth", "cross_host_bandwidth", "dcn_bandwidth"):
+        if k in hw and not hw[k] > 0:
+            raise ValueError(f"hardware {k} must be positive, got {hw[k]!r}")
+    for k in ("matmul_efficiency", "hbm_efficiency"):
+        if not 0 < hw[k] <= 1:
+            raise ValueError(f"hardware {k} is a fraction in (0, 1], got {hw[k]!r}")
+    return hw
+
+
+def _with_defaults(hw: dict) -> dict:
+    for host, slice_ in DOMAIN_FIELDS:
+        if host in hw and slice_ in hw:
+            raise ValueError(f"hardware gives both {host} and {slice_}: the same field for a "
+                             f"GPU host and a TPU slice; give one")
     hw.setdefault("name", "custom")
     hw.setdefault("peak_flops_fp32", hw["peak_flops_bf16"])
-    hw.setdefault("cross_host_bandwidth", hw["ring_bandwidth"])
+    hw.setdefault("matmul_efficiency", 1.0)
+    hw.setdefault("matmul_tile", 0)
+    hw.setdefault("hbm_efficiency", 1.0)
+    if "devices_per_slice" not in hw:
+        hw.setdefault("devices_per_host", 0)
+    if "dcn_bandwidth" not in hw:
+        hw.setdefault("cross_host_bandwidth", hw["ring_bandwidth"])
+    hw.setdefault("torus_dims", 0)
     hw.setdefault("link_latency", 0.0)
-    hw.setdefault("devices_per_host", 0)
-    for k in ("peak_flops_bf16", "peak_flops_fp32", "hbm_bytes", "hbm_bandwidth",
-              "ring_bandwidth", "cross_host_bandwidth"):
-        if not hw[k] > 0:
-            raise ValueError(f"hardware {k} must be positive, got {hw[k]!r}")
+    hw.setdefault("all_gather_prefetch", 0)
     return hw

@@ -7,22 +7,33 @@ from typing import List, Optional
 from .. import _C
 
 ASSUMPTIONS = [
-    "Each local op takes max(FLOPs / peak FLOP/s for its dtype, bytes read and written / HBM "
-    "bandwidth) (roofline); FLOPs come from the op's sharding rule (iteration space), bytes "
-    "from its local operand and result shapes.",
-    "Collectives follow the ring formulas: all-gather and reduce-scatter send (n-1)/n of the "
-    "gathered buffer per device, all-reduce twice that; (n-1) link latencies per ring "
-    "(2(n-1) for all-reduce); groups that span hosts use the cross-host bandwidth.",
-    "No overlap of compute and communication (predicted_step_seconds); "
-    "overlapped_step_seconds is the lower bound with full overlap.",
-    "No kernel launch, host, input pipeline or compiler fusion effects: ops run one after "
-    "another as the partitioned program lists them (XLA would fuse pointwise ops, so the "
-    "memory-bound part is an upper bound).",
+    "Each local op takes max(compute, memory) (roofline). Compute: FLOPs / (peak FLOP/s for its "
+    "dtype); a contraction (matmul, convolution) runs at matmul_efficiency x the peak, and each "
+    "of its per-device GEMM extents M, N, K is padded to a multiple of matmul_tile. Memory: "
+    "bytes read and written / (HBM bandwidth x hbm_efficiency). FLOPs come from the op's "
+    "sharding rule (iteration space), bytes from its local operand and result shapes.",
+    "Pointwise ops fuse: a pointwise op reading a value that a pointwise op produced for it "
+    "alone does not pay that value's HBM write and read. Other fusions (into reductions, matmul "
+    "prologues and epilogues), free views and layout changes are not modelled: the memory-bound "
+    "part stays an upper bound.",
+    "Collectives: the fastest of ring, tree (all-reduce) and hierarchical algorithms for where "
+    "the group sits: inside a domain (a GPU host's NVLink, a TPU slice's ICI torus, a ring per "
+    "torus dimension) at ring_bandwidth; across domains (hosts, slices) each member's own "
+    "cross-domain link, m members of a domain using m links in parallel; one link latency per "
+    "algorithm step.",
+    "The step is the critical path of two streams (predicted_step_seconds): ops on one "
+    "(communication-free ops first, then the rest, each in program order), collectives one at "
+    "a time on the other (the earliest in the program among those whose input is ready); the "
+    "compute stream waits for a collective only at its first reader. "
+    "overlapped_step_seconds (full overlap) and no_overlap_step_seconds (none) bound it.",
+    "No kernel launch, host, input pipeline or compiler scheduling effects beyond that; "
+    "prefetched all-gathers do not add to the memory figures.",
     "Memory: parameters of the step stay live throughout it, every other value from its "
     "definition to its last use; the data of tensors the step does not read stays resident.",
     "MFU = model FLOPs (every op of the global program once) / (step time x devices x peak "
     "FLOP/s of the dtype most of those FLOPs use).",
 ]
+TOP_MODULES = 10  # rows of time_by_module; the rest are summed into one "(other modules)" row
 
 
 def _fmt_bytes(n: float) -> str:
@@ -47,9 +58,14 @@ class PlanReport:
     model_flops: float
     collectives: List[dict]
     compute_seconds: float
+    compute_bound_seconds: float
+    memory_bound_seconds: float
     communication_seconds: float
+    exposed_communication_seconds: float
     predicted_step_seconds: float
     overlapped_step_seconds: float
+    no_overlap_step_seconds: float
+    time_by_module: List[dict]
     mfu: float
     fits: bool
     peak_op: str
@@ -70,10 +86,14 @@ class PlanReport:
             f"  fits                        {'yes' if self.fits else 'NO':>14}",
             f"  FLOPs per device            {self.flops_per_device:>14.4g}",
             f"  model FLOPs                 {self.model_flops:>14.4g}",
-            f"  compute                     {_fmt_seconds(self.compute_seconds):>14}",
-            f"  communication               {_fmt_seconds(self.communication_seconds):>14}",
+            f"  compute                     {_fmt_seconds(self.compute_seconds):>14}"
+            f"   (compute-bound {_fmt_seconds(self.compute_bound_seconds)}, "
+            f"memory-bound {_fmt_seconds(self.memory_bound_seconds)})",
+            f"  communication               {_fmt_seconds(self.communication_seconds):>14}"
+            f"   (exposed {_fmt_seconds(self.exposed_communication_seconds)})",
             f"  predicted step              {_fmt_seconds(self.predicted_step_seconds):>14}"
-            f"   (full overlap: {_fmt_seconds(self.overlapped_step_seconds)})",
+            f"   (full overlap {_fmt_seconds(self.overlapped_step_seconds)}, "
+            f"no overlap {_fmt_seconds(self.no_overlap_step_seconds)})",
             f"  MFU                         {self.mfu * 100:>13.2f}%",
         ]
         if self.out_of_memory:
@@ -81,12 +101,53 @@ class PlanReport:
         if self.collectives:
             lines.append("  collectives:")
             lines.append(f"    {'kind':<18} {'axes':<16} {'group':>5} {'bytes/device':>14} "
-                         f"{'count':>6} {'time':>12}")
+                         f"{'count':>6} {'time':>12} {'exposed':>12}  algorithm")
             for c in self.collectives:
                 lines.append(f"    {c['kind']:<18} {','.join(c['axes']):<16} {c['group_size']:>5} "
                              f"{_fmt_bytes(c['bytes']):>14} {c['count']:>6} "
-                             f"{_fmt_seconds(c['seconds']):>12}")
+                             f"{_fmt_seconds(c['seconds']):>12} "
+                             f"{_fmt_seconds(c['exposed_seconds']):>12}  {c['algorithm']}")
+        if self.time_by_module:
+            lines.append("  time by module (its ops + the communication the step waits for):")
+            lines.append(f"    {'module':<40} {'step share':>12} {'compute':>12} "
+                         f"{'exposed comm':>12} {'comm':>12}")
+            for m in self.time_by_module:
+                lines.append(f"    {m['module'][-40:]:<40} {_fmt_seconds(m['seconds']):>12} "
+                             f"{_fmt_seconds(m['compute_seconds']):>12} "
+                             f"{_fmt_seconds(m['exposed_communication_seconds']):>12} "
+                             f"{_fmt_seconds(m['communication_seconds']):>12}")
         return "\n".join(lines)
+
+
+def _time_by_module(stats: dict, est: dict, top: int = TOP_MODULES) -> List[dict]:
+    """Per module path: its ops' time, its collectives' time and the part of it the compute
+    stream waits for; `seconds` (ops + exposed communication) adds up to the predicted step
+    over all modules. The `top` largest, the rest summed into one row."""
+    rows: "OrderedDict[str, dict]" = OrderedDict()
+
+    def row(scope: str) -> dict:
+        name = scope or "(no module)"
+        return rows.setdefault(name, dict(module=name, seconds=0.0, compute_seconds=0.0,
+                                          exposed_communication_seconds=0.0,
+                                          communication_seconds=0.0))
+    for op, seconds in zip(stats["op_costs"], est["op_seconds"]):
+        row(op[5])["compute_seconds"] += seconds
+    for c, t in zip(stats["collectives"], est["collective_seconds"]):
+        r = row(c.get("scope", ""))
+        r["communication_seconds"] += t["seconds"]
+        r["exposed_communication_seconds"] += t["exposed_seconds"]
+    for r in rows.values():
+        r["seconds"] = r["compute_seconds"] + r["exposed_communication_seconds"]
+    ranked = sorted(rows.values(), key=lambda r: -r["seconds"])
+    if len(ranked) <= top:
+        return ranked
+    other = dict(module="(other modules)", seconds=0.0, compute_seconds=0.0,
+                 exposed_communication_seconds=0.0, communication_seconds=0.0)
+    for r in ranked[top:]:
+        for k in ("seconds", "compute_seconds", "exposed_communication_seconds",
+                  "communication_seconds"):
+            other[k] += r[k]
+    return ranked[:top] + [other]
 
 
 def build_report(num_devices: int, hardware: dict) -> PlanReport:
@@ -94,13 +155,16 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
     stats = _C._last_step_stats()
     est = _C._estimate_last_step(hardware)
     groups: "OrderedDict[tuple, dict]" = OrderedDict()
-    for c, (seconds, crosses) in zip(stats["collectives"], est["collective_seconds"]):
+    for c, t in zip(stats["collectives"], est["collective_seconds"]):
         key = (c["kind"], tuple(c["axes"]), c["group_size"], c["bytes"])
         g = groups.setdefault(key, dict(kind=c["kind"], axes=list(c["axes"]),
                                         group_size=c["group_size"], bytes=c["bytes"], count=0,
-                                        seconds=0.0, crosses_hosts=crosses))
+                                        seconds=0.0, exposed_seconds=0.0,
+                                        crosses_hosts=t["crosses_hosts"],
+                                        algorithm=t["algorithm"]))
         g["count"] += 1
-        g["seconds"] += seconds
+        g["seconds"] += t["seconds"]
+        g["exposed_seconds"] += t["exposed_seconds"]
     # The dtype most model FLOPs use decides the peak MFU is measured against.
     by_dtype = {}
     for _, _, model_flops, _, dtype, *_ in stats["op_costs"]:
@@ -123,6 +187,11 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
         resident_bytes_per_device=[stats["resident_bytes_per_device"]] * num_devices,
         flops_per_device=stats["flops_per_device"], model_flops=stats["model_flops"],
         collectives=list(groups.values()), compute_seconds=est["compute_seconds"],
-        communication_seconds=est["communication_seconds"], predicted_step_seconds=step,
-        overlapped_step_seconds=est["overlapped_step_seconds"], mfu=mfu, fits=fits,
+        compute_bound_seconds=est["compute_bound_seconds"],
+        memory_bound_seconds=est["memory_bound_seconds"],
+        communication_seconds=est["communication_seconds"],
+        exposed_communication_seconds=est["exposed_communication_seconds"],
+        predicted_step_seconds=step, overlapped_step_seconds=est["overlapped_step_seconds"],
+        no_overlap_step_seconds=est["no_overlap_step_seconds"],
+        time_by_module=_time_by_module(stats, est), mfu=mfu, fits=fits,
         peak_op=stats["peak_op"], out_of_memory=oom)

@@ -1,0 +1,63 @@
+// How long one collective takes, given where its group sits on the interconnect
+// (partition/hardware.h) and the algorithms runtimes choose between.
+//
+// Each algorithm is a sequence of phases; a phase over r members moves, per device, the ring
+// formulas' bytes (NCCL's performance notes; s = each device's input buffer):
+//   all-gather (r-1) s, reduce-scatter and all-to-all (r-1)/r s, all-reduce 2 (r-1)/r s,
+// over its bandwidth, plus one link latency per step: r-1 steps for a ring (twice for an
+// all-reduce), sum(d_i - 1) over the sides d_i of the torus the r members span (a ring per
+// dimension, one after another: the same bytes, fewer steps), 2 ceil(log2 r) for a tree.
+//
+// A group of n members over k domains, m of them (at least) in each:
+// - ring: one ring through all n. Inside one domain it rides ring_bandwidth (on a torus, a
+//   ring per dimension). Across domains NCCL runs one ring per NIC, so the m members a domain
+//   holds send its crossing traffic over m NICs in parallel: bandwidth
+//   min(ring_bandwidth, m * cross_domain_bandwidth), n-1 steps.
+// - tree (all-reduce only; NCCL's double binary tree): 2 s per device at 0.92 x the ring's
+//   bandwidth (NCCL's tuner derates trees so), 2 ceil(log2 n) steps: what small all-reduces
+//   over many devices use.
+// - hierarchical (all-gather, reduce-scatter, all-reduce over k > 1 domains; XLA's multi-slice
+//   collectives over DCN): reduce-scatter inside each domain, the collective across domains on
+//   1/m of the data (each device over its own cross-domain link), all-gather inside again.
+// The runtime is assumed to pick the fastest: the time is the minimum over the algorithms that
+// apply. All-to-all (pairwise): the part a device sends inside its domain, (m-1)/n s, over
+// ring_bandwidth, and the rest, (n-m)/n s, over its own cross-domain link, concurrently, with
+// a ring's latency steps. Collective-permute (exchange): one exchange of s with one latency,
+// over the cross-domain link when the group spans domains.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "partition/hardware.h"
+#include "partition/program.h"
+
+namespace spmd::partition {
+
+// Where a group's members sit: over how many domains, with at least how many in each.
+struct GroupPlacement {
+  int64_t members = 0;
+  int64_t domains = 1;
+  int64_t per_domain = 0;
+};
+// `group` (device ids; empty: unknown, taken as one domain) of `members` devices.
+GroupPlacement PlaceGroup(const std::vector<int64_t>& group, int64_t members,
+                          int64_t devices_per_domain);
+
+// Latency steps of one ring phase over r members inside a domain: r-1 on a switch; on a torus
+// of `torus_dims` dimensions, a ring per dimension of the sub-torus they span, taken compact
+// (sides as equal as r's divisors allow: 8192 chips are 32 x 16 x 16, 61 steps; a prime
+// number of chips is one ring).
+double RingSteps(int64_t r, int torus_dims);
+
+struct CollectiveTime {
+  std::string kind;
+  double seconds = 0;
+  bool crosses_hosts = false;  // the group spans domains (GPU hosts, TPU slices)
+  std::string algorithm;  // ring, tree, hierarchical, pairwise, exchange; empty: a group of one
+  double start = 0;            // in the step's schedule (partition/step_schedule.h)
+  double exposed_seconds = 0;  // of the compute stream's waiting, the part charged to this one
+};
+
+CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw);
+
+}  // namespace spmd::partition

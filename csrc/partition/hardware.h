@@ -1,0 +1,45 @@
+// What the step-time model (partition/cost_model.h) knows about the hardware: per device peak
+// FLOP/s and HBM, how much of them real kernels achieve, and a two-level interconnect (a fast
+// domain, cross-domain links). Presets with their sources: torch_spmd/plan/hardware.py.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace spmd::partition {
+
+struct Hardware {
+  std::string name;
+  double peak_flops_bf16 = 0;  // per device, dense matmul
+  double peak_flops_fp32 = 0;  // per device, what an fp32 matmul gets by default
+  // Achieved fraction of the peak on large matmuls (kernel and clock losses), and each GEMM
+  // extent (M, N, K) padded to a multiple of `matmul_tile`, the matrix unit's tile (a TPU MXU's
+  // side; a GPU tensor-core kernel's block): small and thin matmuls waste the padding. 0: no
+  // padding.
+  double matmul_efficiency = 1;
+  int64_t matmul_tile = 0;
+  double hbm_bytes = 0;         // per device
+  double hbm_bandwidth = 0;     // bytes/s per device
+  double hbm_efficiency = 1;    // achieved fraction of hbm_bandwidth
+  // Interconnect. A domain is the devices one fast interconnect joins: a GPU host's NVLink, a
+  // TPU slice's ICI torus. Inside one, a ring sends `ring_bandwidth` bytes/s per device; across
+  // domains each device has `cross_domain_bandwidth` bytes/s of its own (a GPU's share of its
+  // host's NICs, a TPU chip's share of its host's DCN NICs).
+  int64_t devices_per_domain = 0;  // consecutive device ids; 0: every device in one domain
+  double ring_bandwidth = 0;
+  double cross_domain_bandwidth = 0;
+  // Dimensions of the domain's torus (TPU ICI: 2 or 3), whose collectives run a ring per
+  // dimension; 0: a switch (NVLink), one ring through the group.
+  int torus_dims = 0;
+  double link_latency = 0;  // seconds per algorithm step (one hop of a ring or a tree)
+  // At most this many all-gathers may be issued ahead of the compute that reads them (FSDP's
+  // limit_all_gathers, XLA's overlap limits); 0: no limit (partition/step_schedule.h).
+  int64_t all_gather_prefetch = 0;
+
+  double PeakFlops(DType dtype) const {
+    return dtype == DType::kBFloat16 || dtype == DType::kFloat16 ? peak_flops_bf16 : peak_flops_fp32;
+  }
+};
+
+}  // namespace spmd::partition

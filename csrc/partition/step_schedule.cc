@@ -1,0 +1,135 @@
+#include "partition/step_schedule.h"
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+
+namespace spmd::partition {
+
+StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
+                          const std::vector<double>& collective_seconds,
+                          int64_t all_gather_prefetch) {
+  const std::vector<OpCost>& ops = stats.op_costs;
+  const size_t num_ops = ops.size(), num_collectives = stats.collectives.size();
+  // The compute stream's order: communication-free ops first, then the rest; `slot[k]` is op
+  // k's place in it. `waiting` holds the positions of the ops that may wait for
+  // communication, in program order (they run in that order after the first `early` ops).
+  std::vector<size_t> order, slot(num_ops);
+  std::vector<int64_t> position, waiting;
+  for (size_t k = 0; k < num_ops; ++k) {
+    position.push_back(ops[k].position);
+    if (ops[k].independent_of_collectives) order.push_back(k);
+  }
+  const size_t early = order.size();
+  for (size_t k = 0; k < num_ops; ++k)
+    if (!ops[k].independent_of_collectives) {
+      order.push_back(k);
+      waiting.push_back(ops[k].position);
+    }
+  for (size_t t = 0; t < num_ops; ++t) slot[order[t]] = t;
+  // How many ops of the stream must be done before the compute stream passes program position
+  // p: the early ones and the waiting ones before p.
+  auto reached = [&](int64_t p) {
+    return early + static_cast<size_t>(std::lower_bound(waiting.begin(), waiting.end(), p) -
+                                       waiting.begin());
+  };
+  // Per collective: how many ops of the stream must be done before it may start (its input's
+  // producer: the last op at or before the input's position), and the place of the op that
+  // waits for it (the first waiting op at or after its first reader; num_ops: the end).
+  std::vector<size_t> needs(num_collectives), waited_at(num_collectives);
+  std::vector<size_t> gathers;  // all-gathers in issue order
+  for (size_t j = 0; j < num_collectives; ++j) {
+    const CollectiveStat& c = stats.collectives[j];
+    const size_t producers = static_cast<size_t>(
+        std::upper_bound(position.begin(), position.end(), c.input_position) - position.begin());
+    needs[j] = producers > 0 ? slot[producers - 1] + 1 : 0;
+    waited_at[j] = reached(c.first_use_position);
+    if (c.kind != "all-gather") continue;
+    if (all_gather_prefetch > 0 && gathers.size() >= static_cast<size_t>(all_gather_prefetch)) {
+      const CollectiveStat& earlier = stats.collectives[gathers[gathers.size() - all_gather_prefetch]];
+      needs[j] = std::max(needs[j], reached(std::min(earlier.first_use_position, c.position)));
+    }
+    gathers.push_back(j);
+  }
+  std::vector<std::vector<size_t>> waiters(num_ops);
+  for (size_t j = 0; j < num_collectives; ++j)
+    if (waited_at[j] < num_ops) waiters[waited_at[j]].push_back(j);
+
+  StepSchedule s;
+  s.op_start.assign(num_ops, 0);
+  s.collective_start.assign(num_collectives, 0);
+  s.collective_exposed.assign(num_collectives, 0);
+  std::vector<double> end_of(num_ops, 0), collective_end(num_collectives, 0);  // by stream place
+  std::vector<bool> issued(num_collectives, false);
+  double compute_free = 0, comm_free = 0;
+  size_t last = num_collectives;  // the collective that ended last
+  // Collectives whose inputs the ops done so far produce, not yet issued: those ready by the
+  // time the communication stream is free, by program order, and the rest by ready time.
+  using Entry = std::pair<double, size_t>;  // (ready time, collective)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> later;
+  std::set<size_t> ready_now;
+  size_t known = 0;  // collectives (by needs, ascending) handed to the queues so far
+  std::vector<size_t> by_needs(num_collectives);
+  for (size_t j = 0; j < num_collectives; ++j) by_needs[j] = j;
+  std::stable_sort(by_needs.begin(), by_needs.end(),
+                   [&](size_t a, size_t b) { return needs[a] < needs[b]; });
+  // Starts the collective that can start first (the earliest in the program among those
+  // ready when the stream is free): what a scheduler issuing ready collectives does.
+  auto issue_next = [&] {
+    while (!later.empty() && later.top().first <= comm_free) {
+      ready_now.insert(later.top().second);
+      later.pop();
+    }
+    size_t j;
+    if (!ready_now.empty()) {
+      j = *ready_now.begin();
+      ready_now.erase(ready_now.begin());
+    } else {
+      j = later.top().second;
+      comm_free = later.top().first;
+      later.pop();
+    }
+    s.collective_start[j] = comm_free;
+    comm_free = collective_end[j] = comm_free + collective_seconds[j];
+    issued[j] = true;
+    last = j;
+  };
+  for (size_t t = 0; t <= num_ops; ++t) {
+    for (; known < num_collectives && needs[by_needs[known]] <= t; ++known) {
+      const size_t j = by_needs[known];
+      later.push({needs[j] > 0 ? end_of[needs[j] - 1] : 0, j});
+    }
+    if (t == num_ops) {  // the end of the step: every collective is done
+      while (!later.empty() || !ready_now.empty()) issue_next();
+      if (last < num_collectives && comm_free > compute_free)
+        s.collective_exposed[last] += comm_free - compute_free;
+      s.seconds = std::max(compute_free, comm_free);
+      break;
+    }
+    // The op at place t waits for the collectives it reads first: they are issued (with any
+    // that can go before them) and waited for.
+    double wait_until = compute_free;
+    size_t charged = num_collectives;
+    for (size_t j : waiters[t]) {
+      while (!issued[j]) {
+        SPMD_CHECK(!later.empty() || !ready_now.empty(), "internal error: an op reads collective ",
+                   j, " before that collective's input can be produced");
+        issue_next();
+      }
+      if (collective_end[j] > wait_until) {
+        wait_until = collective_end[j];
+        charged = j;
+      }
+    }
+    if (charged < num_collectives) s.collective_exposed[charged] += wait_until - compute_free;
+    s.op_start[order[t]] = wait_until;
+    compute_free = end_of[t] = wait_until + op_seconds[order[t]];
+  }
+  return s;
+}
+
+}  // namespace spmd::partition
