@@ -417,6 +417,7 @@ void RegisterBackend() {
     ViewLibrary() = std::move(view_lib);
     RegisterBatchedMatmul();
     RegisterHooks();
+    RegisterAutocast();
     EnsureAutogradDeviceQueue();
     RegisterMissingMetaKernels();
   });
