@@ -11,7 +11,8 @@ _BACKEND_NAME = "spmd"
 
 def _register_backend() -> None:
     """PrivateUse1 becomes ``torch.device("spmd")``, with ``torch.spmd`` as its device module and
-    the generated ``Tensor.spmd()``, ``Tensor.is_spmd``, ``Module.spmd()``."""
+    the generated ``Tensor.spmd()``, ``Tensor.is_spmd``, ``Module.spmd()``; autocast on it
+    defaults to bfloat16."""
     if torch._C._get_privateuse1_backend_name() != _BACKEND_NAME:
         torch.utils.rename_privateuse1_backend(_BACKEND_NAME)
     if getattr(torch, _BACKEND_NAME, None) is not device_module:
@@ -19,6 +20,12 @@ def _register_backend() -> None:
     if not hasattr(torch.Tensor, "is_" + _BACKEND_NAME):
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+    # torch.autocast("spmd") without a dtype takes torch.get_autocast_dtype("spmd"), which torch
+    # initialises to float16 for every PrivateUse1 backend. The device stands for a TPU pod, and
+    # PyTorch/XLA autocasts to bfloat16 there (same exponent range as float32: no loss scaling).
+    # torch keeps this setting per thread, like all autocast state: it holds for the importing
+    # thread; another thread sets it the same way or passes dtype=.
+    torch.set_autocast_dtype(_BACKEND_NAME, torch.bfloat16)
 
 
 _register_backend()

@@ -419,6 +419,7 @@ void RegisterBackend() {
     RegisterBatchedMatmul();
     RegisterFusedAttention();
     RegisterHooks();
+    RegisterAutocast();
     EnsureAutogradDeviceQueue();
     InstallInBackwardResolver();
     RegisterMissingMetaKernels();

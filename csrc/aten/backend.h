@@ -11,6 +11,10 @@ void RegisterBackend();
 // Registers the PrivateUse1 hooks torch 2.x requires (hooks.cc). Called by RegisterBackend.
 void RegisterHooks();
 
+// Registers torch's CUDA autocast policy for the spmd device, so torch.autocast("spmd") works
+// (autocast.cc). Called by RegisterBackend.
+void RegisterAutocast();
+
 // Gives spmd:0 its autograd worker queue even when a backward ran before torch_spmd was
 // imported (autograd_queue.cc). Called by RegisterBackend.
 void EnsureAutogradDeviceQueue();

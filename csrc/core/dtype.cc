@@ -39,4 +39,10 @@ bool IsFloatingPoint(DType dtype) {
          dtype == DType::kBFloat16;
 }
 
+bool FloatCastIsExact(DType from, DType to) {
+  if (!IsFloatingPoint(from) || !IsFloatingPoint(to)) return false;
+  if (from == to || to == DType::kFloat64) return true;
+  return to == DType::kFloat32 && (from == DType::kFloat16 || from == DType::kBFloat16);
+}
+
 }  // namespace spmd

@@ -26,5 +26,9 @@ enum class DType : int8_t {
 int64_t ElementSize(DType dtype);
 std::string DTypeName(DType dtype);  // "f32", "bf16", "i64", ...
 bool IsFloatingPoint(DType dtype);
+// Whether converting a floating `from` to floating `to` is exact for every value: a type holds
+// itself, f32 and f64 hold f16 and bf16, f64 holds f32. (f16 and bf16 hold each other neither
+// way: bf16 has more range, f16 more precision.)
+bool FloatCastIsExact(DType from, DType to);
 
 }  // namespace spmd

@@ -46,7 +46,10 @@ class Partitioner {
       : graph_(graph), mesh_(mesh), options_(options), prop_(graph, mesh), builder_(mesh) {
     int32_t slot = 0;
     for (const ir::NodePtr& n : graph.nodes)
-      for (const ir::Value& in : n->inputs()) ++uses_[{in.node.get(), in.index}];
+      for (const ir::Value& in : n->inputs()) {
+        ++uses_[{in.node.get(), in.index}];
+        reader_[{in.node.get(), in.index}] = n.get();
+      }
     for (const ir::Value& out : graph.outputs) ++uses_[{out.node.get(), out.index}];
     for (const ir::NodePtr& n : graph.nodes) {
       scalar_base_[n.get()] = slot;
@@ -352,6 +355,14 @@ class Partitioner {
       for (int o = 0; o < n.num_outputs(); ++o) {
         if (n.output(o).dtype == DType::kUndefined) continue;
         if (NumElements(n.output(o).shape) > operand_elems) return {};
+        // A wider result (an exact upcast, bf16 -> f32) would make the reduction move more
+        // bytes. Worth it only where this program does not reduce the sum at all: with deferred
+        // output reductions, when it can stay pending up to an output (gradient accumulation
+        // over micro-steps then reduces once, at the update, in the wider type). Otherwise it
+        // is reduced here, in the operand's type.
+        if (n.output(o).bytes() > in.type().bytes() &&
+            !(options_.defer_output_reductions && MayStayPendingToOutput(&n, o)))
+          return {};
         ReduceOp op = ReduceOp::kSum;
         if (!PartialAxes(rule, fa, o, &op).empty() && op != ReduceOp::kSum) return {};
       }
@@ -388,6 +399,28 @@ class Partitioner {
     }
     if (rule && IsPointwise(*rule)) FuseWithProducers(n, operands, c);
     costs_.push_back(std::move(c));
+  }
+
+  // Whether a pending sum in result `index` of `node` can stay pending up to a graph output:
+  // that value, and each one after it, has a single reader, which passes sums in that operand
+  // (linear in it, or additive) and has a single result, until the reader is the output. This
+  // reads the graph only; each op on the way still decides when it is lowered (an additive op
+  // whose other operand is complete reduces the sum there).
+  bool MayStayPendingToOutput(const ir::Node* node, int index) const {
+    while (UsesOf(node, index) == 1) {
+      auto it = reader_.find({node, index});
+      if (it == reader_.end()) return true;  // the one reader is a graph output
+      const ir::Node* r = it->second;
+      const std::optional<ShardingRule>& rule = prop_.RuleOf(r);
+      if (!rule || r->num_outputs() != 1) return false;
+      size_t i = 0;
+      while (r->input(i).node.get() != node || r->input(i).index != index) ++i;
+      if (!rule->additive && !(i < rule->linear_operands.size() && rule->linear_operands[i]))
+        return false;
+      node = r;
+      index = 0;
+    }
+    return false;
   }
 
   int UsesOf(const ir::Node* node, int index) const {
@@ -436,6 +469,8 @@ class Partitioner {
   std::unordered_map<const ir::Node*, PointwiseResult> pointwise_results_;
   std::unordered_map<const ir::Node*, int32_t> scalar_base_;  // first scalar slot of each node
   std::map<std::pair<const ir::Node*, int>, int> uses_;  // readers of each value in the graph
+  // A node reading each value (the only one where uses_ is 1 and the value is no graph output).
+  std::map<std::pair<const ir::Node*, int>, const ir::Node*> reader_;
 };
 
 }  // namespace

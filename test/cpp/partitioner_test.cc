@@ -152,6 +152,64 @@ TEST(PartitionerTest, DeferredOutputReductionStaysPending) {
   EXPECT_NE(options.Key(), PartitionOptions().Key());
 }
 
+// A dtype cast of x, as the recorder records `x.to(dtype)` (the rules read only the types).
+ir::Value Cast(const ir::Value& x, DType dtype) {
+  TensorType out{dtype, x.type().shape};
+  return ir::Value{ir::MakeNode(testing::OpUnary("aten::_to_copy"), {x}, {ir::Arg::Tensor(0)}, {out}),
+                   0};
+}
+
+// bf16 x[8,16] @ w[16,32] contracted over 'data' (a data-parallel weight gradient under
+// autocast), then cast up to the f32 of the master weight.
+ir::Value Bf16PartialCastToF32(const MeshPtr& mesh) {
+  const TensorType x_type{DType::kBFloat16, {8, 16}}, w_type{DType::kBFloat16, {16, 32}};
+  ir::Value x = Param(x_type, Spec(mesh, {{}, {"data"}}));
+  ir::Value w = Param(w_type, Spec(mesh, {{"data"}, {}}));
+  return Cast(Mm(x, w), DType::kFloat32);
+}
+
+// Deferred, the sum stays pending through the exact upcast and leaves the step in f32 (so
+// gradient accumulation adds f32 partial sums and reduces once). Not deferred, it is reduced
+// before the cast, in bf16: half the bytes.
+TEST(PartitionerTest, DeferredSumStaysPendingThroughAnUpcast) {
+  MeshPtr mesh = MakeMesh({4}, {"data"});
+  PartitionOptions deferred;
+  deferred.defer_output_reductions = true;
+  Program p = PartitionGraph(ir::BuildGraph({Bf16PartialCastToF32(mesh)}), 4, deferred);
+  EXPECT_TRUE(p.stats.collectives.empty()) << Dump(p);
+  ASSERT_EQ(p.stats.pending_reductions.size(), 1u);
+  EXPECT_EQ(p.stats.pending_reductions[0].bytes, 8 * 32 * 4);
+  EXPECT_EQ(p.outputs[0].type(), F32({8, 32}));
+  EXPECT_TRUE(p.output_shardings[0].IsPartial());
+
+  Program q = PartitionGraph(ir::BuildGraph({Bf16PartialCastToF32(mesh)}), 4);
+  ASSERT_EQ(q.stats.collectives.size(), 1u) << Dump(q);
+  EXPECT_EQ(q.stats.collectives[0].kind, "all-reduce");
+  EXPECT_EQ(q.stats.collectives[0].bytes, 8 * 32 * 2);
+  EXPECT_TRUE(q.stats.pending_reductions.empty());
+}
+
+// Deferred too, an upcast sum that the program must reduce anyway (relu is not linear) is
+// reduced before the cast, in bf16; and a narrowing cast (f32 -> bf16: the rounded terms do not
+// add up to the rounded sum) never passes a pending sum.
+TEST(PartitionerTest, DeferredSumIsReducedBeforeACastWhenItCannotStayPending) {
+  MeshPtr mesh = MakeMesh({4}, {"data"});
+  PartitionOptions deferred;
+  deferred.defer_output_reductions = true;
+  Program p = PartitionGraph(ir::BuildGraph({Relu(Bf16PartialCastToF32(mesh))}), 4, deferred);
+  ASSERT_EQ(p.stats.collectives.size(), 1u) << Dump(p);
+  EXPECT_EQ(p.stats.collectives[0].bytes, 8 * 32 * 2);
+  EXPECT_TRUE(p.stats.pending_reductions.empty());
+
+  ir::Value x = Param(F32({8, 16}), Spec(mesh, {{}, {"data"}}));
+  ir::Value w = Param(F32({16, 32}), Spec(mesh, {{"data"}, {}}));
+  Program q = PartitionGraph(ir::BuildGraph({Cast(Mm(x, w), DType::kBFloat16)}), 4, deferred);
+  ASSERT_EQ(q.stats.collectives.size(), 1u) << Dump(q);
+  EXPECT_EQ(q.stats.collectives[0].bytes, 8 * 32 * 4);
+  EXPECT_TRUE(q.stats.pending_reductions.empty());
+  EXPECT_EQ(q.outputs[0].type().dtype, DType::kBFloat16);
+}
+
 // A partial sum read by two consumers is reduced once (the reshard cache), and a graph output
 // that is also read inside the step reuses that reduction.
 TEST(PartitionerTest, PartialReadTwiceIsReducedOnce) {

@@ -95,6 +95,18 @@ std::optional<ShardingRule> MaskedFillScalar(const ir::Node& node) {
   return rule;
 }
 
+// A dtype cast is linear in its operand when it is exact (FloatCastIsExact: an upcast such as
+// bf16 -> f32, or no change of type): each term of a pending sum converts without rounding, and
+// the terms then add up in the result's type, at least as precisely as in the operand's (the
+// same sum, not always the bitwise same result). A narrowing cast is not: the rounded terms do
+// not add up to the rounded sum.
+std::optional<ShardingRule> Cast(const ir::Node& node) {
+  std::optional<ShardingRule> rule = Pointwise(node);
+  if (rule && FloatCastIsExact(node.input(0).type().dtype, node.output(0).dtype))
+    rule->linear_operands = {true};
+  return rule;
+}
+
 }  // namespace
 
 void RegisterPointwiseRules() {
@@ -148,6 +160,7 @@ void RegisterPointwiseRules() {
   RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
   RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));
   RegisterRule("aten::masked_fill.Scalar", MaskedFillScalar);
+  RegisterRule("aten::_to_copy", Cast);
 }
 
 }  // namespace spmd::partition

@@ -96,10 +96,12 @@ struct ShardingRule {
   std::optional<IntoZeros> into_zeros;
 
   // Operands the op is linear in, the other operands fixed: op(a + b) = op(a) + op(b) (views,
-  // transposes, slices, negation, scaling, sums). A pending partial *sum* in such an operand
-  // may stay pending through the op, into every result, instead of being reduced first; the
-  // partitioner does so when it is the only partial operand, its axes tile nothing here, and
-  // no result is larger than it (a later reduction must not move more bytes).
+  // transposes, slices, negation, scaling, sums, exact casts). A pending partial *sum* in such
+  // an operand may stay pending through the op, into every result, instead of being reduced
+  // first; the partitioner does so when it is the only partial operand, its axes tile nothing
+  // here, and no result is larger than it (a later reduction must not move more bytes; a result
+  // of a wider dtype only when output reductions are deferred and it can stay pending to an
+  // output).
   std::vector<bool> linear_operands;
   // The result is a fixed linear combination of the tensor operands (add, sub): when every
   // operand holds a pending partial sum over the same axes, op(a1 + a2, b1 + b2) =
