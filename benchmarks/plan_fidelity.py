@@ -49,6 +49,8 @@ from typing import List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "plan_calibration")
+# Per preset, numbers to try instead of the preset's (--override, for fitting its constants).
+OVERRIDES = json.loads(os.environ.get("SPMD_FIDELITY_OVERRIDES", "{}"))
 
 
 @dataclass
@@ -308,7 +310,8 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
     started = time.perf_counter()
     keep = ("predicted_step_seconds", "overlapped_step_seconds", "fits", "peak_bytes_per_device")
     out = {}
-    with plan.Plan(num_devices=r.chips, hardware=r.hardware) as p:
+    hardware = dict(plan.resolve(r.hardware), **OVERRIDES.get(r.hardware, {}))
+    with plan.Plan(num_devices=r.chips, hardware=hardware) as p:
         mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
         model = _decoder(r)
         _shard(model, r, mesh)
@@ -472,10 +475,15 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="at most N runs per group (sampled evenly)")
     ap.add_argument("--write", action="store_true", help="write the table to docs/benchmarks.md")
     ap.add_argument("--rows", action="store_true", help="print every run's numbers")
+    ap.add_argument("--override", default="",
+                    help='JSON: per preset, numbers to use instead, e.g. '
+                         '\'{"a100-80gb": {"matmul_efficiency": 0.6}}\' (fitting)')
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return _child()
+    if args.override:
+        os.environ["SPMD_FIDELITY_OVERRIDES"] = args.override
     runs = load_runs(args.data)
     if args.groups:
         keep = set(args.groups.split(","))

@@ -38,6 +38,7 @@ partition::Hardware HardwareFromDict(const py::dict& d) {
   hw.hbm_bytes = num("hbm_bytes");
   hw.hbm_bandwidth = num("hbm_bandwidth");
   hw.hbm_efficiency = num("hbm_efficiency", 1);
+  hw.kernel_overhead = num("kernel_overhead");
   hw.ring_bandwidth = num("ring_bandwidth");
   hw.devices_per_domain = static_cast<int64_t>(either("devices_per_host", "devices_per_slice", 0));
   hw.cross_domain_bandwidth = either("cross_host_bandwidth", "dcn_bandwidth", hw.ring_bandwidth);
@@ -48,6 +49,8 @@ partition::Hardware HardwareFromDict(const py::dict& d) {
       hw.ring_bandwidth <= 0 || hw.cross_domain_bandwidth <= 0)
     throw py::value_error("hardware '" + hw.name +
                           "' needs positive peak_flops_bf16, hbm_bandwidth and ring_bandwidth");
+  if (!(hw.kernel_overhead >= 0))
+    throw py::value_error("hardware '" + hw.name + "': kernel_overhead must be >= 0 seconds");
   if (!(hw.matmul_efficiency > 0 && hw.matmul_efficiency <= 1) ||
       !(hw.hbm_efficiency > 0 && hw.hbm_efficiency <= 1))
     throw py::value_error("hardware '" + hw.name +
@@ -114,6 +117,7 @@ void BindPlan(py::module_& m) {
     d["compute_seconds"] = e.compute_seconds;
     d["compute_bound_seconds"] = e.compute_bound_seconds;
     d["memory_bound_seconds"] = e.memory_bound_seconds;
+    d["host_bound_seconds"] = e.host_bound_seconds;
     d["communication_seconds"] = e.communication_seconds;
     d["step_seconds"] = e.step_seconds;
     d["exposed_communication_seconds"] = e.exposed_communication_seconds;

@@ -25,17 +25,22 @@ OpTime OpSeconds(const OpCost& op, const Hardware& hw) {
   if (hw.hbm_bandwidth > 0)
     t.memory = static_cast<double>(op.bytes - op.fused_bytes) /
                (hw.hbm_bandwidth * hw.hbm_efficiency);
+  // A kernel is launched for an op that computes or moves bytes of its own; one fused into its
+  // producer (all its bytes fused) is not.
+  t.launches = op.flops > 0 || op.bytes > op.fused_bytes;
   return t;
 }
 
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
   StepEstimate e;
   std::vector<double> op_seconds, collective_seconds;
+  std::vector<bool> launches;
   for (const OpCost& op : stats.op_costs) {
     e.op_times.push_back(OpSeconds(op, hw));
     const OpTime& t = e.op_times.back();
     op_seconds.push_back(t.seconds());
     (t.compute_bound() ? e.compute_bound_seconds : e.memory_bound_seconds) += t.seconds();
+    launches.push_back(t.launches);
     e.compute_seconds += t.seconds();
   }
   for (const CollectiveStat& c : stats.collectives) {
@@ -43,16 +48,22 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
     collective_seconds.push_back(e.collective_seconds.back().seconds);
     e.communication_seconds += collective_seconds.back();
   }
-  StepSchedule s = ScheduleStep(stats, op_seconds, collective_seconds, hw.all_gather_prefetch);
+  StepSchedule s = ScheduleStep(stats, op_seconds, collective_seconds, hw.all_gather_prefetch,
+                                launches, hw.kernel_overhead);
   for (size_t j = 0; j < e.collective_seconds.size(); ++j) {
     e.collective_seconds[j].start = s.collective_start[j];
     e.collective_seconds[j].exposed_seconds = s.collective_exposed[j];
   }
   e.op_start = std::move(s.op_start);
   e.step_seconds = s.seconds;
-  e.exposed_communication_seconds = std::max(0.0, e.step_seconds - e.compute_seconds);
-  e.no_overlap_step_seconds = e.compute_seconds + e.communication_seconds;
-  e.overlapped_step_seconds = std::max(e.compute_seconds, e.communication_seconds);
+  e.host_bound_seconds = s.host_bound_seconds;
+  e.exposed_communication_seconds =
+      std::max(0.0, e.step_seconds - e.compute_seconds - e.host_bound_seconds);
+  // The bounds with the host's issue time: all of it added, or hidden behind the device.
+  const double host = launches.empty() ? 0 : hw.kernel_overhead * static_cast<double>(
+      std::count(launches.begin(), launches.end(), true));
+  e.no_overlap_step_seconds = std::max(e.compute_seconds, host) + e.communication_seconds;
+  e.overlapped_step_seconds = std::max({e.compute_seconds, e.communication_seconds, host});
   return e;
 }
 

@@ -13,6 +13,7 @@
 // - The step is the critical path of a compute stream and a communication stream
 //   (partition/step_schedule.h). No kernel launch overhead, no host time.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "partition/collective_model.h"
@@ -22,8 +23,9 @@
 namespace spmd::partition {
 
 struct OpTime {
-  double compute = 0;  // at the achieved FLOP rate
-  double memory = 0;   // at the achieved HBM bandwidth
+  double compute = 0;    // at the achieved FLOP rate
+  double memory = 0;     // at the achieved HBM bandwidth
+  bool launches = false;  // a kernel of its own: computes, or moves bytes not fused away
   double seconds() const { return compute > memory ? compute : memory; }
   bool compute_bound() const { return compute >= memory; }
 };
@@ -32,6 +34,8 @@ struct StepEstimate {
   double compute_seconds = 0;        // the ops, one after another
   double compute_bound_seconds = 0;  // of which ops limited by their FLOPs
   double memory_bound_seconds = 0;   // and ops limited by their HBM traffic
+  // The compute stream idle while the host still issues kernels (Hardware::kernel_overhead).
+  double host_bound_seconds = 0;
   double communication_seconds = 0;  // the collectives, one after another
   double step_seconds = 0;           // the two-stream schedule's critical path
   // Time the compute stream waits for communication: step_seconds - compute_seconds.

@@ -22,6 +22,12 @@ struct Hardware {
   double hbm_bytes = 0;         // per device
   double hbm_bandwidth = 0;     // bytes/s per device
   double hbm_efficiency = 1;    // achieved fraction of hbm_bandwidth
+  // Seconds the host takes to issue one kernel: a runtime that launches a kernel per op from
+  // the host (eager PyTorch on a GPU: dispatch and launch) runs ahead of the device, but the
+  // device cannot start an op before the host has issued it, which bounds models whose ops are
+  // small (partition/step_schedule.h). 0 for compiled runtimes (XLA on TPUs issues a step's
+  // fused program at once).
+  double kernel_overhead = 0;
   // Interconnect. A domain is the devices one fast interconnect joins: a GPU host's NVLink, a
   // TPU slice's ICI torus. Inside one, a ring sends `ring_bandwidth` bytes/s per device; across
   // domains each device has `cross_domain_bandwidth` bytes/s of its own (a GPU's share of its

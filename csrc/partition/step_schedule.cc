@@ -12,7 +12,8 @@ namespace spmd::partition {
 
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
-                          int64_t all_gather_prefetch) {
+                          int64_t all_gather_prefetch, const std::vector<bool>& launches,
+                          double kernel_overhead) {
   const std::vector<OpCost>& ops = stats.op_costs;
   const size_t num_ops = ops.size(), num_collectives = stats.collectives.size();
   // The compute stream's order: communication-free ops first, then the rest; `slot[k]` is op
@@ -66,6 +67,7 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   std::vector<double> end_of(num_ops, 0), collective_end(num_collectives, 0);  // by stream place
   std::vector<bool> issued(num_collectives, false);
   double compute_free = 0, comm_free = 0;
+  double host_issued = 0;  // when the host has issued the kernels so far
   size_t last = num_collectives;  // the collective that ended last
   // Collectives whose inputs the ops done so far produce, not yet issued: those ready by the
   // time the communication stream is free, by program order, and the rest by ready time.
@@ -126,6 +128,13 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
       }
     }
     if (charged < num_collectives) s.collective_exposed[charged] += wait_until - compute_free;
+    if (order[t] < launches.size() && launches[order[t]]) {
+      host_issued += kernel_overhead;
+      if (host_issued > wait_until) {
+        s.host_bound_seconds += host_issued - wait_until;
+        wait_until = host_issued;
+      }
+    }
     s.op_start[order[t]] = wait_until;
     compute_free = end_of[t] = wait_until + op_seconds[order[t]];
   }

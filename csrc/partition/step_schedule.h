@@ -34,11 +34,15 @@ struct StepSchedule {
   // communication still running after the last op, to the last collective): they add up to
   // seconds - the ops' total.
   std::vector<double> collective_exposed;
+  double host_bound_seconds = 0;  // the compute stream idle, waiting for the host to issue
 };
 
 // `op_seconds` and `collective_seconds` run parallel to stats.op_costs and stats.collectives.
+// `launches[k]`: op k is a kernel the host issues, `kernel_overhead` seconds each, in the
+// compute stream's order: the device runs ahead only as far as the host has issued.
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
-                          int64_t all_gather_prefetch);
+                          int64_t all_gather_prefetch, const std::vector<bool>& launches = {},
+                          double kernel_overhead = 0);
 
 }  // namespace spmd::partition

@@ -52,6 +52,24 @@ TEST(StepScheduleTest, AllGatherOfAParameterOverlapsTheOpsBeforeItsReader) {
   EXPECT_EQ(s.collective_exposed[0], 0.5);
 }
 
+TEST(StepScheduleTest, TheDeviceRunsAheadOnlyAsFarAsTheHostHasIssued) {
+  // Three kernels issued 1 s apart by the host. Short ones (0.25 s) each wait for their issue:
+  // the step is 3.25 s, 2.5 s of it waiting. Long ones (2 s) hide the host's issuing
+  // after the first: the step is 1 + 3 x 2 s. An op that launches nothing (a view) costs no
+  // issue time.
+  ProgramStats stats = Ops({10, 20, 30});
+  StepSchedule s = ScheduleStep(stats, {0.25, 0.25, 0.25}, {}, 0, {true, true, true}, 1.0);
+  EXPECT_EQ(s.op_start[2], 3.0);
+  EXPECT_EQ(s.seconds, 3.25);
+  EXPECT_EQ(s.host_bound_seconds, 2.5);
+  s = ScheduleStep(stats, {2, 2, 2}, {}, 0, {true, true, true}, 1.0);
+  EXPECT_EQ(s.seconds, 7.0);
+  EXPECT_EQ(s.host_bound_seconds, 1.0);
+  s = ScheduleStep(stats, {0.25, 0.25, 0.25}, {}, 0, {true, false, true}, 1.0);
+  EXPECT_EQ(s.op_start[1], 1.25);
+  EXPECT_EQ(s.seconds, 2.25);
+}
+
 TEST(StepScheduleTest, ACollectiveStartsWhenItsInputIsMadeAndTheStreamIsFree) {
   // Three ops of 1 s at 10, 20, 30. A reduce-scatter (at 21) of op 1's result, read only as an
   // output: it runs beside op 2.

@@ -29,9 +29,21 @@ Every number is per device (a TPU chip or a GPU). Fields:
   them (FSDP's ``limit_all_gathers`` keeps 2 in flight); 0: no limit. A scheduling setting, not
   hardware; every preset leaves it at 0.
 
-**Placeholders.** ``matmul_efficiency`` and ``hbm_efficiency`` are 1.0 in every preset (peak):
-``benchmarks/plan_fidelity.py`` fits them against published training runs and replaces these
-values. A dict of your own may set them from your measurements.
+- ``kernel_overhead``: seconds the host takes to issue one kernel; the device cannot run an op
+  before the host has issued it (eager PyTorch on GPUs; 0 for XLA's compiled TPU programs).
+
+**Fitted constants.** ``benchmarks/plan_fidelity.py`` fits at most two numbers per preset on
+the measured runs of ``../shared/plan_calibration`` (never per model or per row), and they are
+published here:
+- ``a100-80gb`` (and ``a100-40gb``, the same chip): ``matmul_efficiency`` 0.95 and
+  ``kernel_overhead`` 14 us, fitted on vTrain's 720 Megatron-LM runs (1-8 A100s, fp16, full
+  recomputation) and Korthikanti et al.'s GPT-22B TP-8 run (grid search over 0.55-1.0 and
+  5-30 us on an even sample of the rows).
+- ``tpu-v4``: ``matmul_efficiency`` 0.87, fitted on MaxText's 22B/52B FSDP runs (64-512 chips;
+  XLA issues one program per step: no kernel overhead).
+- Every other preset has no measured run in that folder yet: its efficiencies stay 1.0 (the
+  peak) and its kernel overhead 0, so it predicts what the peaks allow; give your own numbers
+  in a dict to correct it.
 
 Sources (public spec sheets, read 2026):
 - TPU v4: cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s, 3-D torus,
@@ -75,34 +87,39 @@ from typing import Dict, Union
 GB = 1e9
 GIB = 1 << 30
 
-# Fitted by benchmarks/plan_fidelity.py against published runs; 1.0 (the peak) until then.
+# Presets without a measured run to fit on (module docstring, "Fitted constants"): the peak.
 PLACEHOLDER_EFFICIENCY = 1.0
 
 
 def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips, dcn_bandwidth,
-         tile=128):
+         tile=128, matmul_efficiency=PLACEHOLDER_EFFICIENCY):
     return dict(peak_flops_bf16=peak, peak_flops_fp32=peak,
-                matmul_efficiency=PLACEHOLDER_EFFICIENCY, matmul_tile=tile, hbm_bytes=hbm_bytes,
+                matmul_efficiency=matmul_efficiency, matmul_tile=tile, hbm_bytes=hbm_bytes,
                 hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
                 ring_bandwidth=2 * link_bandwidth, torus_dims=torus_dims,
                 devices_per_slice=slice_chips, dcn_bandwidth=dcn_bandwidth, link_latency=5e-6)
 
 
-def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth):
+def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth,
+         matmul_efficiency=PLACEHOLDER_EFFICIENCY, kernel_overhead=0.0):
     return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32,
-                matmul_efficiency=PLACEHOLDER_EFFICIENCY, matmul_tile=128, hbm_bytes=hbm_bytes,
+                matmul_efficiency=matmul_efficiency, kernel_overhead=kernel_overhead,
+                matmul_tile=128, hbm_bytes=hbm_bytes,
                 hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
                 ring_bandwidth=nvlink_bandwidth, devices_per_host=8,
                 cross_host_bandwidth=nic_bandwidth, link_latency=3e-6)
 
 
+A100_FITTED = dict(matmul_efficiency=0.95, kernel_overhead=14e-6)
+
 PRESETS: Dict[str, dict] = {
-    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB),
+    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB,
+                   matmul_efficiency=0.87),
     "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB),
     "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB),
     "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, tile=256),
-    "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB),
-    "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB),
+    "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, **A100_FITTED),
+    "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, **A100_FITTED),
     "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB),
     "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB),
     "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB),
@@ -187,6 +204,7 @@ def _with_defaults(hw: dict) -> dict:
     hw.setdefault("matmul_efficiency", 1.0)
     hw.setdefault("matmul_tile", 0)
     hw.setdefault("hbm_efficiency", 1.0)
+    hw.setdefault("kernel_overhead", 0.0)
     if "devices_per_slice" not in hw:
         hw.setdefault("devices_per_host", 0)
     if "dcn_bandwidth" not in hw:

@@ -60,6 +60,7 @@ class PlanReport:
     compute_seconds: float
     compute_bound_seconds: float
     memory_bound_seconds: float
+    host_bound_seconds: float
     communication_seconds: float
     exposed_communication_seconds: float
     predicted_step_seconds: float
@@ -88,7 +89,8 @@ class PlanReport:
             f"  model FLOPs                 {self.model_flops:>14.4g}",
             f"  compute                     {_fmt_seconds(self.compute_seconds):>14}"
             f"   (compute-bound {_fmt_seconds(self.compute_bound_seconds)}, "
-            f"memory-bound {_fmt_seconds(self.memory_bound_seconds)})",
+            f"memory-bound {_fmt_seconds(self.memory_bound_seconds)}; "
+            f"waiting for the host {_fmt_seconds(self.host_bound_seconds)})",
             f"  communication               {_fmt_seconds(self.communication_seconds):>14}"
             f"   (exposed {_fmt_seconds(self.exposed_communication_seconds)})",
             f"  predicted step              {_fmt_seconds(self.predicted_step_seconds):>14}"
@@ -189,6 +191,7 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
         collectives=list(groups.values()), compute_seconds=est["compute_seconds"],
         compute_bound_seconds=est["compute_bound_seconds"],
         memory_bound_seconds=est["memory_bound_seconds"],
+        host_bound_seconds=est["host_bound_seconds"],
         communication_seconds=est["communication_seconds"],
         exposed_communication_seconds=est["exposed_communication_seconds"],
         predicted_step_seconds=step, overlapped_step_seconds=est["overlapped_step_seconds"],
