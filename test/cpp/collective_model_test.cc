@@ -15,20 +15,12 @@ namespace spmd::partition {
 namespace {
 
 using testing::Close;
+using testing::Stat;
 
 std::vector<int64_t> Ids(int64_t first, int64_t count, int64_t stride = 1) {
   std::vector<int64_t> ids(count);
   for (int64_t i = 0; i < count; ++i) ids[i] = first + i * stride;
   return ids;
-}
-
-CollectiveStat Stat(const std::string& kind, int64_t bytes, std::vector<int64_t> group) {
-  CollectiveStat c;
-  c.kind = kind;
-  c.group_size = static_cast<int64_t>(group.size());
-  c.bytes = bytes;
-  c.first_group = std::move(group);
-  return c;
 }
 
 // H100-like hosts: 8 GPUs on NVLink (450e9 B/s a direction), a 50e9 B/s NIC each, 3 us a step.

@@ -18,6 +18,7 @@ namespace spmd::partition {
 namespace {
 
 using testing::Close;
+using testing::Stat;
 using testing::Constrain;
 using testing::F32;
 using testing::MakeMesh;
@@ -361,15 +362,6 @@ Hardware TestHardware() {
   hw.link_latency = 1e-6;
   hw.devices_per_domain = 8;
   return hw;
-}
-
-CollectiveStat Stat(const std::string& kind, int64_t bytes, std::vector<int64_t> group) {
-  CollectiveStat c;
-  c.kind = kind;
-  c.group_size = static_cast<int64_t>(group.size());
-  c.bytes = bytes;
-  c.first_group = std::move(group);
-  return c;
 }
 
 TEST(CostModelTest, RingFormulasInsideOneHost) {

@@ -13,6 +13,7 @@
 #include "ir/internal_ops.h"
 #include "ir/node.h"
 #include "ir/op.h"
+#include "partition/program.h"
 #include "sharding/mesh.h"
 #include "sharding/sharding.h"
 
@@ -100,6 +101,18 @@ inline ir::Value Constrain(const ir::Value& x, Sharding sharding) {
 }
 
 // Relative comparison for the cost model's doubles (hand-computed with different rounding).
+// A collective of `kind` moving `bytes` per device over the devices of `group` (one group of
+// several alike), as the partitioner records it for the cost model.
+inline partition::CollectiveStat Stat(const std::string& kind, int64_t bytes,
+                                      std::vector<int64_t> group) {
+  partition::CollectiveStat c;
+  c.kind = kind;
+  c.group_size = static_cast<int64_t>(group.size());
+  c.bytes = bytes;
+  c.first_group = std::move(group);
+  return c;
+}
+
 inline bool Close(double actual, double expected, double rel = 1e-9) {
   return std::fabs(actual - expected) <= rel * std::fabs(expected) + 1e-300;
 }
