@@ -252,4 +252,7 @@ def test_plan_long_sequence_model_fits_with_the_fused_kernel():
     math, fused = planned_training_step(math=True), planned_training_step(math=False)
     assert not math.fits and fused.fits
     assert math.peak_bytes_per_device[0] - fused.peak_bytes_per_device[0] > probabilities
-    assert "softmax" in math.peak_op and "softmax" not in fused.peak_op
+    # The math path peaks on the scores (their matmul or softmax, by where the schedule puts the
+    # backward's), the fused one never on a softmax.
+    assert any(op in math.peak_op for op in ("softmax", "matmul")), math.peak_op
+    assert "softmax" not in fused.peak_op
