@@ -14,7 +14,9 @@ base=""
 for cand in python3.11 /root/.pyenv/versions/3.11*/bin/python3.11; do
   if command -v "$cand" >/dev/null 2>&1; then base="$cand"; break; fi
 done
-[ -n "$base" ] || { echo "pip smoke test: no Python 3.11 for the torch 2.14.1 wheel"; exit 1; }
+# CI runs this where the machine allows (issue 21): without a Python 3.11 there is no wheel of
+# torch 2.14.1 on this machine's disk to install, and the smoke test says so and skips.
+[ -n "$base" ] || { echo "pip smoke test SKIPPED: no Python 3.11 here for the torch 2.14.1 wheel"; exit 0; }
 "$base" -m venv "$work/venv"
 py="$work/venv/bin/python"
 # pip's output without its "WARNING: Location" lines; a failing pip fails the script (pipefail).
