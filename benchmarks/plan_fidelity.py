@@ -12,8 +12,10 @@ model; ``--write`` puts the table into docs/benchmarks.md.
 How an iteration is planned (the same for every row, no per-row tuning):
 - the model: a decoder LM, GPT-2 style for Megatron runs (LayerNorm, GeLU MLP, learned
   positions, tied embedding) and Llama style for MaxText runs (RMSNorm, SwiGLU, untied head);
-  the residual stream and matmuls in the run's 16-bit dtype, fp32 master weights cast at use,
-  norms in fp32 (mixed precision as the runs train), AdamW in fp32;
+  the residual stream and matmuls in the run's 16-bit dtype, with each framework's mixed
+  precision: Megatron's (16-bit parameters, layer norm and softmax on 16-bit data, fp32 main
+  parameters and AdamW in the optimizer: ``MegatronOptimizer``), MaxText's (fp32 parameters
+  cast at use, RMSNorm in fp32, AdamW in fp32);
 - activation checkpointing as the run (full: every block recomputed in the backward);
 - attention fused (``F.scaled_dot_product_attention``) where the run used flash attention,
   explicit matmuls and softmax where it did not (Megatron-LM of vTrain's and the 2022 paper's
@@ -176,7 +178,8 @@ def _decoder(r: Run):
     from torch.utils.checkpoint import checkpoint
     compute = torch.float16 if r.dtype == "fp16" else torch.bfloat16
 
-    def linear(x, w, bias=None):  # fp32 master weight cast at use (written-out autocast)
+    def linear(x, w, bias=None):  # a master weight cast at use (written-out autocast); a
+        # 16-bit weight (Megatron) as it is
         return F.linear(x, w.to(compute), None if bias is None else bias.to(compute))
 
     class Attention(nn.Module):
@@ -200,9 +203,12 @@ def _decoder(r: Run):
             if r.fused_attention:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
-                att = (q @ k.transpose(-1, -2)) * r.head_dim ** -0.5
+                # Megatron-LM: the scale folded into the score GEMM (baddbmm's alpha; here on q),
+                # mask and softmax on the 16-bit scores (its fused kernel, like CUDA's softmax,
+                # accumulates in fp32 and writes 16 bits).
+                att = (q * r.head_dim ** -0.5) @ k.transpose(-1, -2)
                 mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
-                y = att.masked_fill(mask, float("-inf")).float().softmax(-1).to(compute) @ v
+                y = att.masked_fill(mask, float("-inf")).softmax(-1) @ v
             y = y.transpose(1, 2).reshape(b, s, r.heads * r.head_dim)
             return linear(y, self.wo.weight, self.wo.bias)
 
@@ -223,7 +229,8 @@ def _decoder(r: Run):
             return linear(h, self.w2.weight, self.w2.bias)
 
     class Norm(nn.Module):
-        """LayerNorm (GPT) or RMSNorm (Llama), computed in fp32 on the 16-bit residual stream."""
+        """LayerNorm (GPT: Megatron's fused kernel, 16 bits in and out, fp32 inside as CUDA's
+        layer_norm) or RMSNorm (Llama: in fp32 on the 16-bit residual stream, as MaxText)."""
 
         def __init__(self):
             super().__init__()
@@ -231,11 +238,10 @@ def _decoder(r: Run):
             self.bias = nn.Parameter(torch.zeros(r.hidden)) if r.style == "gpt" else None
 
         def forward(self, x):
-            x = x.float()
             if self.bias is not None:
-                y = F.layer_norm(x, (r.hidden,), self.weight, self.bias)
-            else:
-                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+                return F.layer_norm(x, (r.hidden,), self.weight.to(x.dtype), self.bias.to(x.dtype))
+            x = x.float()
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
             return y.to(compute)
 
     class Block(nn.Module):
@@ -267,7 +273,50 @@ def _decoder(r: Run):
             return linear(self.norm(x), w)
 
     with torch.device("spmd"):
-        return Decoder()
+        model = Decoder()
+    # Megatron-LM's mixed precision (Float16Module): the model's parameters in 16 bits, fp32
+    # main copies in the optimizer (MegatronOptimizer, below). MaxText: fp32 parameters cast at
+    # use.
+    return model.to(compute) if r.style == "gpt" else model
+
+
+class MegatronOptimizer:
+    """Megatron-LM's Float16OptimizerWithFloat16Params written out: AdamW on fp32 main copies
+    of the 16-bit parameters, with fp32 main gradients (Megatron's main_grad buffers); each
+    step copies the (reduced) 16-bit gradients into the main gradients, updates the main copies
+    and copies them back into the parameters, each copy one multi-tensor kernel (Megatron's
+    multi_tensor_applier; here _foreach_copy_)."""
+
+    def __init__(self, params):
+        import torch
+        self.params = list(params)
+        self.main = [p.detach().float() for p in self.params]
+        self.main_grads = [torch.zeros_like(m) for m in self.main]
+        self.opt = torch.optim.AdamW(self.main, lr=1e-4, foreach=True)
+
+    def step(self):
+        import torch
+        with torch.no_grad():
+            torch._foreach_copy_(self.main_grads, [p.grad for p in self.params])
+        for m, g in zip(self.main, self.main_grads):
+            m.grad = g
+        self.opt.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.main)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def warm_up(opt, params):
+    """The optimizer's state as after its first step (a planned iteration is a steady-state
+    one, not the first, which also creates the state)."""
+    import torch
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def _shard(model, r: Run, mesh):
@@ -297,6 +346,13 @@ def plan_key(r: Run) -> tuple:
     return tuple(sorted(d.items()))
 
 
+# A program's times, summed over an iteration's micro-steps (the first three are scored, the rest
+# say where the time goes: --rows, --dump).
+TIMES = ("predicted_step_seconds", "overlapped_step_seconds", "no_overlap_step_seconds",
+         "compute_bound_seconds", "memory_bound_seconds", "host_bound_seconds",
+         "communication_seconds", "exposed_communication_seconds")
+
+
 def plan_programs(r: Run, need_micro: bool) -> dict:
     """Plans run ``r``'s micro-step (when ``need_micro``) and last micro-step programs; returns
     their reports' numbers."""
@@ -309,15 +365,16 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
     import torch_spmd.runtime as xr
 
     started = time.perf_counter()
-    keep = ("predicted_step_seconds", "overlapped_step_seconds", "no_overlap_step_seconds", "fits",
-            "peak_bytes_per_device")
+    keep = ("fits", "peak_bytes_per_device") + TIMES
     out = {}
     hardware = dict(plan.resolve(r.hardware), **OVERRIDES.get(r.hardware, {}))
     with plan.Plan(num_devices=r.chips, hardware=hardware) as p:
         mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
         model = _decoder(r)
         _shard(model, r, mesh)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        opt = (MegatronOptimizer(model.parameters()) if r.style == "gpt" else
+               torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True))
+        warm_up(opt, list(model.parameters()))
         xm.mark_step()
         idx = torch.zeros(r.micro_batch * r.dp, r.seq, dtype=torch.long, device="spmd")
         xs.mark_sharding(idx, mesh, (("data", "fsdp"), None))
@@ -351,8 +408,7 @@ def iteration(r: Run, programs: dict) -> dict:
         return programs
     m, last = r.micro_steps, programs["last"]
     micro = programs.get("micro", last)
-    res = {k: (m - 1) * micro[k] + last[k]
-           for k in ("predicted_step_seconds", "overlapped_step_seconds", "no_overlap_step_seconds")}
+    res = {k: (m - 1) * micro[k] + last[k] for k in TIMES}
     res["fits"] = bool(last["fits"] and micro["fits"])
     res["peak_gb"] = max(max(last["peak_bytes_per_device"]),
                          max(micro["peak_bytes_per_device"])) / 1e9
@@ -477,6 +533,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="at most N runs per group (sampled evenly)")
     ap.add_argument("--write", action="store_true", help="write the table to docs/benchmarks.md")
     ap.add_argument("--rows", action="store_true", help="print every run's numbers")
+    ap.add_argument("--dump", default="", help="write every run's config and results (JSON lines)")
     ap.add_argument("--override", default="",
                     help='JSON: per preset, numbers to use instead, e.g. '
                          '\'{"a100-80gb": {"matmul_efficiency": 0.6}}\' (fitting)')
@@ -507,7 +564,14 @@ def main():
                 continue
             print(f"{r.group:14s} {r.name:48s} measured {r.measured_s:8.3f} s  predicted "
                   f"{res['predicted_step_seconds']:8.3f}  overlapped {res['overlapped_step_seconds']:8.3f}"
-                  f"  peak {res['peak_gb']:6.1f} GB  fits {res['fits']}")
+                  f"  peak {res['peak_gb']:6.1f} GB  fits {res['fits']}  (compute-bound "
+                  f"{res['compute_bound_seconds']:.3f}, memory-bound {res['memory_bound_seconds']:.3f}, "
+                  f"host {res['host_bound_seconds']:.3f}, exposed comm "
+                  f"{res['exposed_communication_seconds']:.3f} of {res['communication_seconds']:.3f})")
+    if args.dump:
+        with open(args.dump, "w") as f:
+            for r in runs:
+                f.write(json.dumps(asdict(r)) + "\n")
     text = table(score(runs))
     print(text)
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s)")

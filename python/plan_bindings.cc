@@ -35,6 +35,7 @@ partition::Hardware HardwareFromDict(const py::dict& d) {
   hw.peak_flops_fp32 = num("peak_flops_fp32", hw.peak_flops_bf16);
   hw.matmul_efficiency = num("matmul_efficiency", 1);
   hw.matmul_tile = static_cast<int64_t>(num("matmul_tile"));
+  hw.matrix_units = static_cast<int64_t>(num("matrix_units"));
   hw.hbm_bytes = num("hbm_bytes");
   hw.hbm_bandwidth = num("hbm_bandwidth");
   hw.hbm_efficiency = num("hbm_efficiency", 1);

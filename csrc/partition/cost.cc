@@ -111,6 +111,7 @@ GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const Fac
     if (!in_result[f] && (lhs || rhs)) g.k *= local;
     else if (in_result[f] && lhs && !rhs) g.m *= local;
     else if (in_result[f] && rhs && !lhs) g.n *= local;
+    else if (in_result[f] && lhs && rhs) g.batch *= local;
   }
   return g;
 }

@@ -53,6 +53,7 @@ bool IsPointwise(const ShardingRule& rule);
 // N = output channels. All zero for other rules (several results, as a convolution backward).
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;  // independent GEMMs of that shape (a batched matmul's batch dims)
 };
 GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa);
 

@@ -13,13 +13,30 @@ double TileEfficiency(int64_t m, int64_t n, int64_t k, int64_t tile) {
          static_cast<double>(k) / padded(k);
 }
 
+double WaveEfficiency(int64_t tiles, int64_t units) {
+  if (units <= 0 || tiles <= 0) return 1;
+  const int64_t waves = (tiles + units - 1) / units;
+  return static_cast<double>(tiles) / static_cast<double>(waves * units);
+}
+
+double GemmEfficiency(const OpCost& op, const Hardware& hw) {
+  const int64_t tile = hw.matmul_tile;
+  auto at = [&](int64_t t) {
+    if (t <= 0 || op.gemm_m <= 0 || op.gemm_n <= 0) return TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, t);
+    const int64_t tiles = op.gemm_batch * ((op.gemm_m + t - 1) / t) * ((op.gemm_n + t - 1) / t);
+    return TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, t) * WaveEfficiency(tiles, hw.matrix_units);
+  };
+  if (hw.matrix_units <= 0 || tile < 2) return at(tile);
+  return std::max(at(tile), at(tile / 2));
+}
+
 OpTime OpSeconds(const OpCost& op, const Hardware& hw) {
   OpTime t;
+  if (op.view) return t;  // a strided view of its operand: no kernel, no bytes moved
   if (op.flops > 0) {
     double rate = hw.PeakFlops(op.dtype);
     if (op.contraction)
-      rate *= hw.matmul_efficiency *
-              TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, hw.matmul_tile);
+      rate *= hw.matmul_efficiency * GemmEfficiency(op, hw);
     t.compute = op.flops / rate;
   }
   if (hw.hbm_bandwidth > 0)

@@ -5,13 +5,16 @@
 //
 // - An op takes max(compute, memory) (roofline). Compute: FLOPs / (peak FLOP/s for its dtype),
 //   for a contraction also x matmul_efficiency and x the fraction of its padded GEMM that is
-//   real work (each of M, N, K padded to matmul_tile). Memory: the bytes it moves to and from
+//   real work (each of M, N, K padded to matmul_tile) and, on GPUs, x the fraction of the SMs
+//   its output tiles keep busy (Hardware::matrix_units). Memory: the bytes it moves to and from
 //   HBM (its operands and results, less those a fused pointwise chain keeps on chip) /
-//   (hbm_bandwidth x hbm_efficiency).
+//   (hbm_bandwidth x hbm_efficiency). A view (ShardingRule::view: a reshape, transpose,
+//   broadcast or slice, a *_copy op in the functional IR) takes no time and issues no kernel.
 // - A collective takes the fastest of the algorithms partition/collective_model.h describes,
 //   given where its group sits on the interconnect.
 // - The step is the critical path of a compute stream and a communication stream
-//   (partition/step_schedule.h). No kernel launch overhead, no host time.
+//   (partition/step_schedule.h), which also waits for the host to issue each kernel
+//   (Hardware::kernel_overhead).
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -50,6 +53,11 @@ struct StepEstimate {
 // The fraction of a padded GEMM that is real work: m n k over the product of each extent
 // rounded up to a multiple of `tile` (1 when the tile or the shape is unknown).
 double TileEfficiency(int64_t m, int64_t n, int64_t k, int64_t tile);
+// The fraction of `units` busy over the waves `tiles` output tiles run in.
+double WaveEfficiency(int64_t tiles, int64_t units);
+// A contraction's fraction of the matrix units' peak from its shape: tile padding, and on
+// hardware with Hardware::matrix_units, wave quantization at the better of two tile sides.
+double GemmEfficiency(const OpCost& op, const Hardware& hw);
 OpTime OpSeconds(const OpCost& op, const Hardware& hw);
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw);
 

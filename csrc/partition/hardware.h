@@ -19,6 +19,12 @@ struct Hardware {
   // padding.
   double matmul_efficiency = 1;
   int64_t matmul_tile = 0;
+  // Units that run a GEMM's output tiles side by side (a GPU's SMs): the tiles run in waves of
+  // this many, and a GEMM with fewer tiles than units, or a last wave part full, leaves units
+  // idle (wave quantization). The kernel may halve its tile side to fill the units better, as
+  // cuBLAS picks smaller tiles for small problems. 0: not modelled (a TPU core's matrix units
+  // take one tile at a time: padding only).
+  int64_t matrix_units = 0;
   double hbm_bytes = 0;         // per device
   double hbm_bandwidth = 0;     // bytes/s per device
   double hbm_efficiency = 1;    // achieved fraction of hbm_bandwidth

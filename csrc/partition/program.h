@@ -45,7 +45,8 @@ struct OpCost {
   // units; its per-device GEMM extents, when it is one (ContractionShape in partition/cost.h),
   // let the model charge the padding of each extent to the hardware's tile. 0: not known.
   bool contraction = false;
-  int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
+  int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0, gemm_batch = 1;
+  bool view = false;            // its rule's ShardingRule::view: no time of its own
   std::string scope;            // module path (ir/scope.h)
   int64_t position = 0;         // index in Program::nodes of its first local node
   int64_t end_position = 0;     // one past its last local node

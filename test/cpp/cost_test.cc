@@ -147,6 +147,7 @@ TEST(ContractionShapeTest, BatchDimsAreNeitherMNorN) {
   EXPECT_EQ(g.m, 16);
   EXPECT_EQ(g.k, 32);
   EXPECT_EQ(g.n, 16);
+  EXPECT_EQ(g.batch, 32);  // the batch dims: 4 x 8 GEMMs
 }
 
 TEST(ContractionShapeTest, OtherRulesHaveNone) {
@@ -481,6 +482,48 @@ TEST(CostModelTest, MatmulEfficiencyTilesAndHbmEfficiency) {
   add.fused_bytes = 1000000;
   hw.hbm_efficiency = 0.8;
   EXPECT_TRUE(Close(OpSeconds(add, hw).memory, 2e6 / (2e12 * 0.8)));
+}
+
+TEST(CostModelTest, WaveQuantizationOnGpus) {
+  EXPECT_EQ(WaveEfficiency(108, 108), 1.0);
+  EXPECT_EQ(WaveEfficiency(109, 108), 109.0 / 216);  // a second wave of one tile
+  EXPECT_EQ(WaveEfficiency(24, 108), 24.0 / 108);
+  EXPECT_EQ(WaveEfficiency(24, 0), 1.0);              // not modelled
+
+  Hardware hw = TestHardware();
+  hw.matmul_tile = 128;
+  OpCost mm;
+  mm.contraction = true;
+  mm.gemm_m = 1024;  // a tensor-parallel q/k/v projection of 1024 tokens: 384 columns
+  mm.gemm_n = 384;
+  mm.gemm_k = 1024;
+  EXPECT_EQ(GemmEfficiency(mm, hw), 1.0);  // a TPU: no padding here, no waves
+  hw.matrix_units = 108;
+  // 128 x 128 tiles: 8 x 3 = 24 tiles on 108 SMs; 64 x 64 tiles: 16 x 6 = 96, the better.
+  EXPECT_EQ(GemmEfficiency(mm, hw), 96.0 / 108);
+  mm.gemm_batch = 32;  // 32 such GEMMs: 768 tiles of 128, 7.1 waves; 3072 of 64, 28.4 waves
+  EXPECT_EQ(GemmEfficiency(mm, hw), std::max(768.0 / (8 * 108), 3072.0 / (29 * 108)));
+}
+
+TEST(CostModelTest, ViewsTakeNoTime) {
+  MeshPtr mesh = MakeMesh({4}, {"data"});
+  ir::Value x = Param(F32({16, 16}), Spec(mesh, {{"data"}, {}}));
+  ir::Value w = Param(F32({16, 32}), Sharding::Replicated(mesh, 2));
+  // x.t() @ w, and a detached x: in eager PyTorch both are views of x's storage.
+  Program p = PartitionGraph(
+      ir::BuildGraph({Mm(testing::Unary("aten::t_copy", x), w),
+                      testing::Unary("aten::detach_copy", x)}), 4);
+  const Hardware hw = TestHardware();
+  int views = 0;
+  for (const OpCost& c : p.stats.op_costs) {
+    const bool view = c.op == "aten::t_copy" || c.op == "aten::detach_copy";
+    EXPECT_EQ(c.view, view) << c.op;
+    EXPECT_GT(c.bytes, 0) << c.op;  // the stats still count what the functional IR copies
+    const OpTime t = OpSeconds(c, hw);
+    EXPECT_EQ(t.seconds() == 0 && !t.launches, view) << c.op;
+    views += view;
+  }
+  EXPECT_EQ(views, 2);
 }
 
 // Collectives whose positions are unknown (hand-built statistics) are read before the first

@@ -153,9 +153,10 @@ void RegisterPointwiseRules() {
   // Registered last: these override the plain pointwise entries above.
   // Linear in their tensor operand(s), the others fixed: pending partial sums pass through.
   // (mul is linear in either factor; div in its numerator.)
-  RegisterRules({"aten::neg", "aten::clone", "aten::detach_copy", "aten::alias_copy",
-                 "aten::lift_fresh_copy", "aten::mul"},
-                LinearIn(Pointwise, {-1}));
+  RegisterRules({"aten::neg", "aten::clone", "aten::mul"}, LinearIn(Pointwise, {-1}));
+  // Views of their operand in the program the user wrote (the functional IR copies them).
+  RegisterRules({"aten::detach_copy", "aten::alias_copy", "aten::lift_fresh_copy"},
+                AsView(LinearIn(Pointwise, {-1})));
   RegisterRules({"aten::add.Tensor", "aten::sub.Tensor"}, Additive(Pointwise));
   RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
   RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));

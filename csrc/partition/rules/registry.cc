@@ -105,6 +105,14 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
   };
 }
 
+RuleBuilder AsView(RuleBuilder inner) {
+  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
+    std::optional<ShardingRule> rule = inner(node);
+    if (rule) rule->view = true;
+    return rule;
+  };
+}
+
 RuleBuilder Additive(RuleBuilder inner) {
   return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
     std::optional<ShardingRule> rule = inner(node);

@@ -138,6 +138,11 @@ struct ShardingRule {
   // run several devices' shards as one call with their rows merged into a dim
   // (runtime/row_merge.h).
   bool reads_extents = false;
+  // The op only re-describes its operand's data (a view, transpose, permutation, broadcast,
+  // slice): an eager runtime hands back a strided view of the same storage and a compiler
+  // folds it into its consumer's layout, so the step-time model (partition/cost_model.h)
+  // charges it no bytes and no kernel. Its FLOPs and bytes still appear in the stats.
+  bool view = false;
 
   int AddFactor(int64_t size, FactorKind kind = FactorKind::kPassThrough) {
     Factor f;
@@ -168,6 +173,8 @@ bool HasRuleFor(const std::string& qualified_name);
 RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands = {0});
 // `inner` with ShardingRule::additive set.
 RuleBuilder Additive(RuleBuilder inner);
+// `inner` with ShardingRule::view set.
+RuleBuilder AsView(RuleBuilder inner);
 
 // Helpers shared by rule files.
 // One pass-through factor per dim of `type`; returns the factors.

@@ -303,24 +303,26 @@ void RegisterViewRules() {
   RegisterRule("aten::select_backward", [](const ir::Node& n) { return IntoZeros(n, true); });
   RegisterRule("aten::slice_backward", [](const ir::Node& n) { return IntoZeros(n, false); });
   // Views, permutations, slices and position-wise copies are linear: pending partial sums pass
-  // through them (LinearIn).
+  // through them (LinearIn). The *_copy ops of the functional IR are views in the program the
+  // user wrote (AsView: they cost no time).
   RegisterRules({"aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy",
                  "aten::reshape"},
-                LinearIn(WithLocalSize(Reshape, "size")));
-  RegisterRule("aten::permute_copy", LinearIn([](const ir::Node& n) {
+                AsView(LinearIn(WithLocalSize(Reshape, "size"))));
+  RegisterRule("aten::permute_copy", AsView(LinearIn([](const ir::Node& n) {
     return Permute(n, IntListArg(n, ArgIndex(n, "dims")));
-  }));
-  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, LinearIn(Transpose));
-  RegisterRule("aten::expand_copy", WithLocalSize(Expand, "size"));
-  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, LinearIn(SqueezeLike));
-  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, LinearIn(Select));
+  })));
+  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, AsView(LinearIn(Transpose)));
+  RegisterRule("aten::expand_copy", AsView(WithLocalSize(Expand, "size")));
+  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, AsView(LinearIn(SqueezeLike)));
+  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, AsView(LinearIn(Select)));
   RegisterRule("aten::cat", [](const ir::Node& n) { return Join(n, false); });
   RegisterRule("aten::stack", [](const ir::Node& n) { return Join(n, true); });
   RegisterRule("aten::slice_scatter", [](const ir::Node& n) { return ScatterInto(n, false); });
   RegisterRule("aten::select_scatter", [](const ir::Node& n) { return ScatterInto(n, true); });
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
-                 "aten::narrow_copy", "aten::cumsum"},
-                LinearIn(Positional(DimArg)));
+                 "aten::narrow_copy"},
+                AsView(LinearIn(Positional(DimArg))));
+  RegisterRule("aten::cumsum", LinearIn(Positional(DimArg)));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
   RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
