@@ -6,6 +6,39 @@
 
 namespace spmd::ir {
 
+namespace {
+
+// The most bytes the values computed by `order`'s nodes hold at once when each lives from its
+// node to its last reader (the outputs to the end). Parameters are left out: they live through
+// any order.
+int64_t PeakLiveBytes(const std::vector<NodePtr>& order, const std::vector<Value>& outputs) {
+  std::unordered_map<const Node*, size_t> index;
+  index.reserve(order.size());
+  for (size_t i = 0; i < order.size(); ++i) index.emplace(order[i].get(), i);
+  std::vector<size_t> last_use(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    last_use[i] = i;
+    for (const Value& in : order[i]->inputs()) {
+      size_t& j = last_use[index.at(in.node.get())];
+      j = std::max(j, i);
+    }
+  }
+  for (const Value& out : outputs) last_use[index.at(out.node.get())] = order.size();
+  std::vector<int64_t> delta(order.size() + 2, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i]->is_data()) continue;
+    int64_t bytes = 0;
+    for (const TensorType& t : order[i]->outputs()) bytes += t.bytes();
+    delta[i] += bytes;
+    delta[last_use[i] + 1] -= bytes;
+  }
+  int64_t live = 0, peak = 0;
+  for (int64_t d : delta) peak = std::max(peak, live += d);
+  return peak;
+}
+
+}  // namespace
+
 Graph BuildGraph(const std::vector<Value>& outputs) {
   Graph g;
   g.outputs = outputs;
@@ -35,15 +68,22 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
     }
   }
 
-  // The program runs in the order the ops were recorded, which is the order eager PyTorch runs
-  // them: autograd's backward frees as it goes (each block's recomputation, its input and weight
-  // gradients, then the next block). The DFS above only finds the nodes; its post-order from the
-  // outputs would run every block's input-gradient chain first and the weight gradients, listed
-  // later among the outputs, at the end, keeping every recomputed activation live across the
-  // whole backward. Node ids grow as ops are recorded and a node is recorded after its inputs,
-  // so the recorded order is a topological order.
-  std::sort(g.nodes.begin(), g.nodes.end(),
+  // Two orders to run the program in; the one whose values need fewer bytes at once wins
+  // (recorded on a tie), as XLA's scheduler picks among its list schedulers by peak memory.
+  // - The order the ops were recorded, which is the order eager PyTorch runs them: autograd's
+  //   backward frees as it goes (each block's recomputation, its input and weight gradients,
+  //   then the next block). Node ids grow as ops are recorded and a node is recorded after its
+  //   inputs, so it is a topological order.
+  // - The DFS post-order from the outputs: each value computed just before its first reader.
+  //   It runs a backward's input-gradient chain first and the weight gradients, listed later
+  //   among the outputs, at the end (every recomputed activation live across the backward
+  //   under checkpointing), but it also delays a forward's values not needed yet (a model
+  //   whose weights are cast or transposed at use holds fewer of those copies at once).
+  std::vector<NodePtr> recorded = g.nodes;
+  std::sort(recorded.begin(), recorded.end(),
             [](const NodePtr& a, const NodePtr& b) { return a->id() < b->id(); });
+  if (PeakLiveBytes(recorded, outputs) <= PeakLiveBytes(g.nodes, outputs))
+    g.nodes = std::move(recorded);
   for (size_t i = 0; i < g.nodes.size(); ++i) g.position[g.nodes[i].get()] = static_cast<int>(i);
 
   last_size.store(g.nodes.size(), std::memory_order_relaxed);

@@ -1,5 +1,6 @@
 // A graph cut out of the lazy IR for one execution: the nodes that the requested outputs need,
-// in post-order, with the parameters (data nodes) and the run-time scalars pulled out, and a
+// in a topological order (graph.cc: as recorded, or post-order where that holds fewer bytes
+// live), with the parameters (data nodes) and the run-time scalars pulled out, and a
 // structural key for the compile cache.
 #pragma once
 #include <string>
@@ -18,11 +19,11 @@ struct ScalarValue {
 };
 
 struct Graph {
-  std::vector<NodePtr> nodes;     // post-order: every input before its users
-  std::vector<NodePtr> params;    // the data nodes, in post-order
+  std::vector<NodePtr> nodes;     // every input before its users
+  std::vector<NodePtr> params;    // the data nodes, in that order
   std::vector<Value> outputs;     // the requested values, in request order
   std::vector<ScalarValue> scalars;  // dynamic scalar args, in node then arg order
-  // Hash of the wiring (each node's hash and the post-order positions of its inputs), the
+  // Hash of the wiring (each node's hash and the positions of its inputs), the
   // outputs, and the parameters' types and layouts. Equal keys mean the same program.
   Hash key = 0;
   std::unordered_map<const Node*, int> position;  // node -> index in `nodes`

@@ -24,6 +24,21 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
   for (size_t i = 0; i < program.params.size(); ++i)
     if (!donated || i >= donated->size() || !(*donated)[i])
       last_use[{program.params[i].get(), 0}] = end;  // kept: the caller still holds it
+  // A view (ShardingRule::view, OpCost::view) is a strided view of its operand's storage in
+  // the program the user wrote: it holds no bytes of its own and keeps that storage alive as
+  // long as it is read. Later views first, so that a view of a view reaches the storage.
+  std::vector<bool> aliases(program.nodes.size(), false);
+  for (const OpCost& c : program.stats.op_costs)
+    if (c.view)
+      for (int64_t k = c.position; k < c.end_position && k < end; ++k) aliases[k] = true;
+  for (int i = end - 1; i >= 0; --i) {
+    const ir::Node& n = *program.nodes[i];
+    if (!aliases[i] || n.inputs().empty() || n.num_outputs() != 1) continue;
+    auto it = last_use.find({&n, 0});
+    if (it == last_use.end()) continue;
+    int& storage = last_use[{n.inputs()[0].node.get(), n.inputs()[0].index}];
+    storage = std::max(storage, it->second);
+  }
   std::vector<LiveValue> values;
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Node& n = *program.nodes[i];
@@ -32,7 +47,8 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
       if (t.dtype == DType::kUndefined) continue;
       auto it = last_use.find({&n, o});
       int until = it == last_use.end() ? static_cast<int>(i) : it->second;
-      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, t.bytes()});
+      const bool view = aliases[i] && !n.inputs().empty() && n.num_outputs() == 1;
+      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, view ? 0 : t.bytes()});
     }
   }
   return values;

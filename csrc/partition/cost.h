@@ -10,6 +10,7 @@ namespace spmd::partition {
 
 // A value of the program (one output of one node) and the span it is live for, in node
 // indices: from its definition to its last reader (the end for outputs and kept parameters).
+// A view's result holds no bytes; it keeps the value it views live while it is read.
 struct LiveValue {
   const ir::Node* node;
   int output;

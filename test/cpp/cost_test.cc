@@ -524,6 +524,33 @@ TEST(CostModelTest, ViewsTakeNoTime) {
     views += view;
   }
   EXPECT_EQ(views, 2);
+  // Nor memory: r.t() @ w peaks like r @ w (same shapes, both replicated), the transpose
+  // aliasing r.
+  ir::Value r = Param(F32({16, 16}), Sharding::Replicated(mesh, 2));
+  Program plain = PartitionGraph(ir::BuildGraph({Mm(r, w)}), 4);
+  Program transposed =
+      PartitionGraph(ir::BuildGraph({Mm(testing::Unary("aten::t_copy", r), w)}), 4);
+  EXPECT_EQ(PeakBytesPerDevice(transposed), PeakBytesPerDevice(plain));
+  EXPECT_GT(PeakBytesPerDevice(plain), 0);
+}
+
+TEST(GraphOrderTest, RunsInTheOrderThatHoldsFewerBytes) {
+  ir::Value x = Param(F32({64, 64}));
+  ir::Value w = Param(F32({64, 1}));
+  // Recorded: two 16 KiB values, then each reduced to a column. In that order both are live
+  // at once; in the post-order from the outputs (a, c, b, d) one at a time: it wins.
+  ir::Value a = Relu(x), b = Tanh(x);
+  ir::Value c = Mm(a, w), d = Mm(b, w);
+  ir::Graph g = ir::BuildGraph({c, d});
+  EXPECT_LT(g.PositionOf(c.node.get()), g.PositionOf(b.node.get()));
+  // Recorded as a, c, b, d: the orders agree, recorded wins the tie.
+  ir::Value a2 = Relu(x);
+  ir::Value c2 = Mm(a2, w);
+  ir::Value b2 = Tanh(x);
+  ir::Value d2 = Mm(b2, w);
+  ir::Graph g2 = ir::BuildGraph({d2, c2});  // post-order would run b2 first
+  EXPECT_LT(g2.PositionOf(a2.node.get()), g2.PositionOf(b2.node.get()));
+  EXPECT_LT(g2.PositionOf(c2.node.get()), g2.PositionOf(b2.node.get()));
 }
 
 // Collectives whose positions are unknown (hand-built statistics) are read before the first
