@@ -245,12 +245,6 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
     return k.original.callBoxed(op, ks, stack);
 
   if (k.kind == FixKind::kDetach) {
-    // A detach is metadata to the program the user wrote; what functionalization runs for it
-    // (a sync, a detach_copy) is not shown to Python dispatch modes. Selective activation
-    // checkpointing ignores aten.detach because checkpointing runs a different number of them
-    // in the forward and the recomputation; it would count these copies and fail.
-    c10::impl::ExcludeDispatchKeyGuard hide_from_modes(
-        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     F::sync(self);
     at::Tensor value = F::from_functional_tensor(self);
     auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
