@@ -525,7 +525,8 @@ tensor-parallel ones whose measured time does not follow the batch smoothly: TP-
 1 (measured 62 ms per 12-layer micro-step against 44 ms at TP 1-4 and 52 ms at TP-8 micro-batch
 2; predicted -28%), TP-2 at micro-batch 2 and TP-4 at micro-batch 4 (-14% to -18%, where the
 measurement costs more per sample than at the next larger micro-batch). torchtitan's H100 rows
-(selective activation checkpointing, which plan mode cannot run yet) are not built."""
+(selective activation checkpointing, which plan mode now runs) are not built yet: `h100-96gb`
+has no fitted constants, and fitting them on one row would only reproduce that row."""
 
 
 def run_all(runs: List[Run]) -> None:

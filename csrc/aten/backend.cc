@@ -5,10 +5,12 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/library.h>
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -245,6 +247,14 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
     return k.original.callBoxed(op, ks, stack);
 
   if (k.kind == FixKind::kDetach) {
+    // A detach is metadata to the program the user wrote; what functionalization runs for it
+    // (a sync, a detach_copy) is not shown to an active Python dispatch mode. Selective
+    // activation checkpointing ignores aten.detach because checkpointing runs a different
+    // number of them in the forward and the recomputation; it would count these copies and
+    // fail. (Only while a mode is active: tensor subclasses dispatch on the same key.)
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> hide_from_modes;
+    if (c10::impl::TorchDispatchModeTLS::stack_len() > 0)
+      hide_from_modes.emplace(c10::DispatchKey::Python);
     F::sync(self);
     at::Tensor value = F::from_functional_tensor(self);
     auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
