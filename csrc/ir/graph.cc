@@ -8,29 +8,29 @@ namespace spmd::ir {
 
 namespace {
 
-// The most bytes the values computed by `order`'s nodes hold at once when each lives from its
-// node to its last reader (the outputs to the end). Parameters are left out: they live through
-// any order.
-int64_t PeakLiveBytes(const std::vector<NodePtr>& order, const std::vector<Value>& outputs) {
-  std::unordered_map<const Node*, size_t> index;
-  index.reserve(order.size());
-  for (size_t i = 0; i < order.size(); ++i) index.emplace(order[i].get(), i);
-  std::vector<size_t> last_use(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    last_use[i] = i;
-    for (const Value& in : order[i]->inputs()) {
-      size_t& j = last_use[index.at(in.node.get())];
-      j = std::max(j, i);
-    }
+// The graph's wiring by node index: each node's input nodes, its bytes (0 for parameters, which
+// live through any order) and whether it is an output.
+struct Wiring {
+  std::vector<std::vector<int>> inputs;
+  std::vector<int64_t> bytes;
+  std::vector<bool> output;
+};
+
+// The most bytes the values hold at once when node `order[t]` runs at step t and each value
+// lives from its node to its last reader (the outputs to the end).
+int64_t PeakLiveBytes(const Wiring& w, const std::vector<int>& order) {
+  const size_t n = order.size();
+  std::vector<size_t> step_of(n), last_use(n);
+  for (size_t t = 0; t < n; ++t) step_of[order[t]] = t;
+  for (size_t t = 0; t < n; ++t) {
+    last_use[order[t]] = w.output[order[t]] ? n : std::max(last_use[order[t]], t);
+    for (int in : w.inputs[order[t]])
+      if (last_use[in] < n) last_use[in] = std::max(last_use[in], t);
   }
-  for (const Value& out : outputs) last_use[index.at(out.node.get())] = order.size();
-  std::vector<int64_t> delta(order.size() + 2, 0);
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (order[i]->is_data()) continue;
-    int64_t bytes = 0;
-    for (const TensorType& t : order[i]->outputs()) bytes += t.bytes();
-    delta[i] += bytes;
-    delta[last_use[i] + 1] -= bytes;
+  std::vector<int64_t> delta(n + 2, 0);
+  for (size_t i = 0; i < n; ++i) {
+    delta[step_of[i]] += w.bytes[i];
+    delta[last_use[i] + 1] -= w.bytes[i];
   }
   int64_t live = 0, peak = 0;
   for (int64_t d : delta) peak = std::max(peak, live += d);
@@ -79,11 +79,26 @@ Graph BuildGraph(const std::vector<Value>& outputs) {
   //   among the outputs, at the end (every recomputed activation live across the backward
   //   under checkpointing), but it also delays a forward's values not needed yet (a model
   //   whose weights are cast or transposed at use holds fewer of those copies at once).
-  std::vector<NodePtr> recorded = g.nodes;
+  // Both are compared as permutations of the DFS positions, the only index built.
+  const size_t n = g.nodes.size();
+  Wiring w{std::vector<std::vector<int>>(n), std::vector<int64_t>(n, 0),
+           std::vector<bool>(n, false)};
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = *g.nodes[i];
+    for (const Value& in : node.inputs()) w.inputs[i].push_back(g.position.at(in.node.get()));
+    if (!node.is_data())
+      for (const TensorType& t : node.outputs()) w.bytes[i] += t.bytes();
+  }
+  for (const Value& out : outputs) w.output[g.position.at(out.node.get())] = true;
+  std::vector<int> post_order(n), recorded(n);
+  for (size_t i = 0; i < n; ++i) post_order[i] = recorded[i] = static_cast<int>(i);
   std::sort(recorded.begin(), recorded.end(),
-            [](const NodePtr& a, const NodePtr& b) { return a->id() < b->id(); });
-  if (PeakLiveBytes(recorded, outputs) <= PeakLiveBytes(g.nodes, outputs))
-    g.nodes = std::move(recorded);
+            [&](int a, int b) { return g.nodes[a]->id() < g.nodes[b]->id(); });
+  if (PeakLiveBytes(w, recorded) <= PeakLiveBytes(w, post_order)) {
+    std::vector<NodePtr> nodes(n);
+    for (size_t t = 0; t < n; ++t) nodes[t] = std::move(g.nodes[recorded[t]]);
+    g.nodes = std::move(nodes);
+  }
   for (size_t i = 0; i < g.nodes.size(); ++i) g.position[g.nodes[i].get()] = static_cast<int>(i);
 
   last_size.store(g.nodes.size(), std::memory_order_relaxed);

@@ -30,10 +30,11 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
   std::vector<bool> aliases(program.nodes.size(), false);
   for (const OpCost& c : program.stats.op_costs)
     if (c.view)
-      for (int64_t k = c.position; k < c.end_position && k < end; ++k) aliases[k] = true;
+      for (int64_t k = c.position; k < c.end_position && k < end; ++k)
+        aliases[k] = !program.nodes[k]->inputs().empty() && program.nodes[k]->num_outputs() == 1;
   for (int i = end - 1; i >= 0; --i) {
     const ir::Node& n = *program.nodes[i];
-    if (!aliases[i] || n.inputs().empty() || n.num_outputs() != 1) continue;
+    if (!aliases[i]) continue;
     auto it = last_use.find({&n, 0});
     if (it == last_use.end()) continue;
     int& storage = last_use[{n.inputs()[0].node.get(), n.inputs()[0].index}];
@@ -47,8 +48,7 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
       if (t.dtype == DType::kUndefined) continue;
       auto it = last_use.find({&n, o});
       int until = it == last_use.end() ? static_cast<int>(i) : it->second;
-      const bool view = aliases[i] && !n.inputs().empty() && n.num_outputs() == 1;
-      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, view ? 0 : t.bytes()});
+      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, aliases[i] ? 0 : t.bytes()});
     }
   }
   return values;

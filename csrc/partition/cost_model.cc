@@ -20,12 +20,14 @@ double WaveEfficiency(int64_t tiles, int64_t units) {
 }
 
 double GemmEfficiency(const OpCost& op, const Hardware& hw) {
-  const int64_t tile = hw.matmul_tile;
   auto at = [&](int64_t t) {
-    if (t <= 0 || op.gemm_m <= 0 || op.gemm_n <= 0) return TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, t);
-    const int64_t tiles = op.gemm_batch * ((op.gemm_m + t - 1) / t) * ((op.gemm_n + t - 1) / t);
-    return TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, t) * WaveEfficiency(tiles, hw.matrix_units);
+    double e = TileEfficiency(op.gemm_m, op.gemm_n, op.gemm_k, t);
+    if (t > 0 && op.gemm_m > 0 && op.gemm_n > 0)
+      e *= WaveEfficiency(op.gemm_batch * ((op.gemm_m + t - 1) / t) * ((op.gemm_n + t - 1) / t),
+                          hw.matrix_units);
+    return e;
   };
+  const int64_t tile = hw.matmul_tile;
   if (hw.matrix_units <= 0 || tile < 2) return at(tile);
   return std::max(at(tile), at(tile / 2));
 }

@@ -6,21 +6,10 @@ FLOPs, peak op and collectives planned and executed, and the resident bytes must
 really keeps (checked in closed form for FSDP, where every tensor is split 8 ways).
 
 The matrix runs in one fresh process so no other test's tensors count as resident."""
-import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_plan import run_script
 
 MATRIX = r"""
-import copy, gc, itertools, json, os
-os.environ.setdefault("SPMD_NUM_DEVICES", "8")
-import numpy as np, torch
-import torch_spmd.core.xla_model as xm
-import torch_spmd.distributed.spmd as xs
-import torch_spmd.plan as plan
-from torch_spmd.debug import last_step_stats
+import gc, itertools
 
 KEYS = ("peak_bytes_per_device", "device_peak_bytes", "resident_bytes_per_device",
         "flops_per_device", "model_flops", "peak_op")
@@ -91,13 +80,6 @@ print(json.dumps(result))
 """
 
 
-def run_matrix():
-    out = subprocess.run([sys.executable, "-c", MATRIX], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 PARAMS = 32 * 64 + 64 + 64 * 32 + 32
 BATCH_SHARD = 16 * 32 * 4 // 4  # x split over the data axis (4 ways)
 LOSS = 4
@@ -115,7 +97,7 @@ def expected_fsdp_resident(opt_name, zero_grad_inside, fresh_optimizer):
 
 
 def test_plan_equals_executed_over_the_flow_matrix():
-    result = run_matrix()
+    result = run_script(MATRIX)
     assert len(result) == 4 * 3 * 2 * 2
     for r in result:
         layout, opt_name, zero_grad_inside, fresh = r["case"]
