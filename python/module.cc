@@ -13,6 +13,7 @@
 #include "aten/backward_scope.h"
 #include "aten/lazy_tensor.h"
 #include "aten/recorder.h"
+#include "aten/storage_address.h"
 #include "aten/sync.h"
 #include "core/metrics.h"
 #include "runtime/compile_cache.h"
@@ -61,6 +62,10 @@ void BindGraph(py::module_& m) {
   m.def("_num_captured_ops", &aten::NumCapturedOps);
   m.def("_recorded_off_main_thread", &aten::RecordedOffMainThread);
   m.def("_is_spmd_tensor", [](const at::Tensor& t) { return aten::TryGetLazyImpl(t) != nullptr; });
+  // `cdata`: a Python storage's `_cdata` (its StorageImpl*), as torch's own bindings take it.
+  m.def("_storage_address", [](uintptr_t cdata) {
+    return aten::StorageAddress(reinterpret_cast<c10::StorageImpl*>(cdata));
+  });
   m.def("_mark_step", [] {
     Count("MarkStep");
     py::gil_scoped_release release;

@@ -11,6 +11,11 @@
   that Python may touch; we pickle the host value and rebuild on the device, the way torch
   pickles xla tensors. Unlike xla's, the host value's storage is tagged with the spmd device's
   location, so ``torch.load(..., map_location="cpu")`` (or any map_location) applies to it.
+- ``data_ptr``: the wrapper's storage has no data pointer, so ``untyped_storage().data_ptr()``
+  raises and ``data_ptr()`` is 0 for every tensor, and code that finds tied or shared tensors by
+  storage (Hugging Face's ``save_pretrained``, safetensors) fails. Each spmd storage gets an
+  address of its own when first asked (``csrc/aten/storage_address.h``): distinct, non-zero,
+  shared by views and tied weights, never dereferenced.
 """
 import copy
 import functools
@@ -208,7 +213,27 @@ def _apply_keeping_ties(self, fn, recurse=True):
     return result
 
 
+_orig_storage_data_ptr = torch.UntypedStorage.data_ptr
+_orig_tensor_data_ptr = torch.Tensor.data_ptr
+
+
+def _spmd_storage_data_ptr(self):
+    if self.device.type == "spmd":
+        from . import _C
+        return _C._storage_address(self._cdata)
+    return _orig_storage_data_ptr(self)
+
+
+def _spmd_tensor_data_ptr(self):
+    if self.device.type == "spmd" and torch._is_functional_tensor(self):
+        from . import _C
+        _C._storage_address(self.untyped_storage()._cdata)  # the offset is torch's to add
+    return _orig_tensor_data_ptr(self)
+
+
 def install():
+    torch.UntypedStorage.data_ptr = _spmd_storage_data_ptr
+    torch.Tensor.data_ptr = _spmd_tensor_data_ptr
     torch.nn.Module._apply = _apply_keeping_ties
     # Before the CPU tagger (priority 10): our host copies' storages are CPU storages.
     torch.serialization.register_package(5, _spmd_tag, _spmd_deserialize)

@@ -428,6 +428,7 @@ void RegisterBackend() {
     ViewLibrary() = std::move(view_lib);
     RegisterBatchedMatmul();
     RegisterFusedAttention();
+    RegisterIntegerHistc();
     RegisterHooks();
     RegisterAutocast();
     EnsureAutogradDeviceQueue();

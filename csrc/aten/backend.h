@@ -26,6 +26,10 @@ void RegisterBatchedMatmul();
 // eager does (attention.cc). Called by RegisterBackend.
 void RegisterFusedAttention();
 
+// Lets histc count integer tensors, as CUDA's does (integer_histc.cc). Called by
+// RegisterBackend.
+void RegisterIntegerHistc();
+
 // Number of ops captured that way (for diagnostics).
 int NumCapturedOps();
 

@@ -9,6 +9,7 @@
 #include "ir/internal_ops.h"
 #include "partition/cost.h"
 #include "partition/partitioner.h"
+#include "partition/rules/rule.h"
 #include "runtime/compile_cache.h"
 #include "runtime/plan_mode.h"
 
@@ -29,7 +30,9 @@ partition::PartitionOptions& Options() {
 
 std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   auto& cache = runtime::CompileCache::Get();
-  const Hash key = HashCombine(graph.key, Options().Key());
+  // (The device count too: an unannotated graph is the same graph on any device set.)
+  const Hash key = HashCombine(HashCombine(graph.key, Options().Key()),
+                               HashInt(runtime::DeviceSet::Get().num_devices()));
   if (auto exe = cache.Lookup(key)) {
     Count("CachedCompile");
     return exe;
@@ -50,9 +53,10 @@ bool NeedsRelayout(const ir::NodePtr& param, const Sharding& expected) {
   return want_replicated || !data->sharding().valid() || data->sharding() != expected;
 }
 
-// The device data of a parameter, laid out as the program expects it.
+// The device data of a parameter, laid out as the program expects it (planned data with a
+// known value made real).
 runtime::DeviceDataPtr ParamData(const ir::NodePtr& param, const Sharding& expected) {
-  auto data = std::static_pointer_cast<runtime::DeviceData>(param->data());
+  auto data = std::static_pointer_cast<runtime::DeviceData>(param->data())->Materialized();
   bool have_replicated = data->is_replicated();
   bool want_replicated = !expected.valid() || expected.IsReplicated();
   if (have_replicated && want_replicated) return data;
@@ -248,8 +252,66 @@ std::vector<std::vector<ir::Value>> GroupOutputsByMesh(const ir::Graph& graph) {
   return groups;
 }
 
+// The parameters of `graph` laid out as `program` expects them. One relaid out is a private
+// copy for this run: it is marked donated, freed after its last use.
+std::vector<runtime::DeviceDataPtr> ProgramParams(const ir::Graph& graph,
+                                                  const partition::Program& program,
+                                                  std::vector<bool>& donated) {
+  std::vector<runtime::DeviceDataPtr> params;
+  params.reserve(graph.params.size());
+  for (size_t i = 0; i < graph.params.size(); ++i) {
+    params.push_back(ParamData(graph.params[i], program.param_shardings[i]));
+    if (params.back() != graph.params[i]->data()) donated[i] = true;
+  }
+  return params;
+}
+
+// Plan mode keeps the values of integer and boolean outputs (DeviceData::KeepsKnownValue)
+// that are computed without random numbers from factories and known data: the masks,
+// positions and ids that Python code reads to decide what to run (Hugging Face's mask code
+// reads `.all()` of one). Per output, its value on the host, or an undefined tensor; empty
+// when there is none. They are computed by a real step of just those outputs, whose every
+// intermediate value is at most kKnownValueBytes.
+std::vector<at::Tensor> KnownValues(const ir::Graph& graph, const std::vector<ir::Value>& outputs) {
+  using runtime::DeviceData;
+  std::unordered_set<const ir::Node*> computable;
+  for (const ir::NodePtr& n : graph.nodes) {
+    bool ok = true;
+    if (n->is_data()) {
+      const auto* data = static_cast<const DeviceData*>(n->data().get());
+      ok = !data->planned() || data->known();
+    } else {
+      ok = !n->draws_random_numbers();
+      for (const TensorType& t : n->outputs()) ok = ok && t.bytes() <= DeviceData::kKnownValueBytes;
+      for (const ir::Value& in : n->inputs()) ok = ok && computable.count(in.node.get());
+    }
+    if (ok) computable.insert(n.get());
+  }
+  std::vector<ir::Value> wanted;
+  std::vector<size_t> position;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!computable.count(outputs[i].node.get()) ||
+        !DeviceData::KeepsKnownValue(outputs[i].type()))
+      continue;
+    wanted.push_back(outputs[i]);
+    position.push_back(i);
+  }
+  if (wanted.empty()) return {};
+  Count("PlanKnownValues", static_cast<int64_t>(wanted.size()));
+  runtime::PlanningPaused real;
+  ir::Graph sub = ir::BuildGraph(wanted);
+  auto exe = GetExecutable(sub);
+  std::vector<bool> donated(sub.params.size(), false);
+  std::vector<runtime::DeviceDataPtr> params = ProgramParams(sub, exe->program(), donated);
+  std::vector<runtime::DeviceDataPtr> results = exe->Run(params, sub.scalars, donated);
+  std::vector<at::Tensor> known(outputs.size());
+  for (size_t w = 0; w < wanted.size(); ++w) known[position[w]] = results[w]->ToHost().clone();
+  return known;
+}
+
 // Plan mode: the step is partitioned (and cached) like a real one, then analysed instead of
-// run; its outputs become planned data in the layouts the program produces them in.
+// run; its outputs become planned data in the layouts the program produces them in (with
+// their values where KnownValues keeps them).
 void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
               const std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
   static auto* cache = new std::unordered_map<Hash, std::shared_ptr<const partition::Program>>();
@@ -272,9 +334,11 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
   std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
   for (size_t i = 0; i < graph.params.size(); ++i)
     if (NeedsRelayout(graph.params[i], program.param_shardings[i])) donated[i] = true;
+  const std::vector<at::Tensor> known = KnownValues(graph, outputs);
   for (size_t i = 0; i < outputs.size(); ++i) {
     ir::NodePtr data_node = ir::MakeDataNode(runtime::DeviceData::Planned(
-        program.output_global_types[i], program.output_shardings[i]));
+        program.output_global_types[i], program.output_shardings[i],
+        known.empty() ? at::Tensor() : known[i]));
     for (const SlotPtr* s : slots_of.at(outputs[i])) SetSlotValue(*s, ir::Value{data_node, 0});
   }
   RecordStep(it->second, std::move(donated), beside);
@@ -282,8 +346,80 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
 
 }  // namespace
 
-void SyncSlots(const std::vector<SlotPtr>& slots) {
+namespace {
+
+// `requested`, and every other live tensor whose pending value depends on what the step
+// computes for them (a read of one value computes everything it depends on). Those are
+// synced along: later steps start from data instead of computing the shared part again, and
+// the pending graph does not grow. A generation loop reads one flag per token; the KV cache,
+// the token ids, the attention mask and the positions that the token's forward uses and
+// updates become data, so every token runs a graph of the same size (the same graph, a
+// compile-cache hit, with a static cache) instead of one that grows with each token.
+std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& requested) {
+  std::unordered_map<const ir::Node*, bool> depends;  // on a node the requested values compute
+  std::vector<const ir::Node*> stack;
+  std::unordered_set<const LazySlot*> included;
+  for (const SlotPtr& s : requested) {
+    included.insert(s.get());
+    if (s->value.valid() && !s->value.node->is_data()) stack.push_back(s->value.node.get());
+  }
+  if (stack.empty()) return requested;
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (n->is_data() || !depends.emplace(n, true).second) continue;
+    for (const ir::Value& in : n->inputs()) stack.push_back(in.node.get());
+  }
+  // Whether `root` depends on a computed node, memoized over the pending graph (iterative:
+  // a pending chain can be deep).
+  auto reaches = [&](const ir::Node* root) {
+    std::vector<std::pair<const ir::Node*, size_t>> path{{root, 0}};
+    while (!path.empty()) {
+      auto& [n, next] = path.back();
+      if (auto it = depends.find(n); it != depends.end() && next == 0) {
+        path.pop_back();
+        if (it->second && !path.empty()) depends[path.back().first] = true;
+        continue;
+      }
+      if (n->is_data()) {
+        depends[n] = false;
+        path.pop_back();
+        continue;
+      }
+      if (next == 0) depends[n] = false;  // until an input says otherwise
+      if (next < n->inputs().size()) {
+        const ir::Node* in = n->inputs()[next++].node.get();
+        path.emplace_back(in, 0);
+        continue;
+      }
+      const bool d = depends[n];
+      path.pop_back();
+      if (d && !path.empty()) depends[path.back().first] = true;
+    }
+    return depends[root];
+  };
+  // Views are left pending: taking one again costs nothing, and a view made an output is
+  // copied out contiguous where its readers in the step read it strided (runtime/
+  // executable.cc), so a matmul reading a transposed weight that autograd saved would round
+  // differently from eager.
+  auto is_view = [](const ir::Node& n) {
+    std::optional<partition::ShardingRule> rule = partition::GetRule(n);
+    return rule && rule->view;
+  };
+  std::vector<SlotPtr> slots = requested;
+  for (SlotPtr& s : PendingSlots())
+    if (!included.count(s.get()) && reaches(s->value.node.get()) && !is_view(*s->value.node)) {
+      included.insert(s.get());
+      slots.push_back(std::move(s));
+    }
+  return slots;
+}
+
+}  // namespace
+
+void SyncSlots(const std::vector<SlotPtr>& requested) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  const std::vector<SlotPtr> slots = WithValuesComputedAlong(requested);
   std::vector<ir::Value> outputs;
   std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash> slots_of;
   for (const SlotPtr& s : slots) {
@@ -307,20 +443,15 @@ void SyncSlots(const std::vector<SlotPtr>& slots) {
     return;
   }
   if (runtime::Planning()) return PlanStep(graph, outputs, slots_of);
-  for (const ir::NodePtr& p : graph.params)
-    if (std::static_pointer_cast<runtime::DeviceData>(p->data())->planned())
-      throw runtime::PlannedDataError("run a step that reads it");
+  for (const ir::NodePtr& p : graph.params) {
+    const auto* data = static_cast<const runtime::DeviceData*>(p->data().get());
+    if (data->planned() && !data->known()) throw runtime::PlannedDataError("run a step that reads it");
+  }
   auto exe = GetExecutable(graph);
   const partition::Program& program = exe->program();
   Last().program = std::shared_ptr<const partition::Program>(exe, &exe->program());
   std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
-  std::vector<runtime::DeviceDataPtr> params;
-  params.reserve(graph.params.size());
-  for (size_t i = 0; i < graph.params.size(); ++i) {
-    params.push_back(ParamData(graph.params[i], program.param_shardings[i]));
-    // A relayout made a private copy for this run: always free it after its last use.
-    if (params.back() != graph.params[i]->data()) donated[i] = true;
-  }
+  std::vector<runtime::DeviceDataPtr> params = ProgramParams(graph, program, donated);
   int64_t num_donated = std::count(donated.begin(), donated.end(), true);
   if (num_donated) Count("DonatedInputs", num_donated);
 

@@ -36,6 +36,13 @@ Hash Node::hash() const {
   return hash_;
 }
 
+bool Node::draws_random_numbers() const {
+  if (args_.size() > op_->args.size()) return true;
+  for (const ArgSchema& a : op_->args)
+    if (a.type == ArgType::kGenerator) return true;
+  return false;
+}
+
 NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
                  std::vector<TensorType> outputs) {
   return std::make_shared<Node>(op, std::move(inputs), std::move(args), std::move(outputs));

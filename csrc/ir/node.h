@@ -75,6 +75,10 @@ class Node {
   // Hash of op, args, output types and phase (not of the inputs: graphs hash their wiring).
   Hash hash() const;
 
+  // Whether the op draws random numbers: it takes a Generator, or the recorder appended a
+  // seed after its schema's arguments (a random op without one; aten/recorder.cc SeedArg).
+  bool draws_random_numbers() const;
+
  private:
   const OpInfo* op_;
   std::vector<Value> inputs_;

@@ -52,11 +52,31 @@ const Stacked& DeviceData::stacked() const {
   return stacked_;
 }
 
-std::shared_ptr<DeviceData> DeviceData::Planned(TensorType type, Sharding sharding) {
+std::shared_ptr<DeviceData> DeviceData::Planned(TensorType type, Sharding sharding,
+                                                at::Tensor known) {
   auto data = std::make_shared<DeviceData>(std::move(type), std::move(sharding),
                                            std::vector<BufferPtr>{});
   data->planned_ = true;
+  data->known_ = std::move(known);
   return data;
+}
+
+bool DeviceData::KeepsKnownValue(const TensorType& type) {
+  switch (type.dtype) {
+    case DType::kBool: case DType::kUInt8: case DType::kInt8: case DType::kInt16:
+    case DType::kInt32: case DType::kInt64:
+      return type.bytes() <= kKnownValueBytes;
+    default:
+      return false;
+  }
+}
+
+std::shared_ptr<DeviceData> DeviceData::Materialized() const {
+  // (Immutable: sharing it without const is safe.)
+  if (!planned_) return std::const_pointer_cast<DeviceData>(shared_from_this());
+  if (!known_.defined()) throw PlannedDataError("run a step that reads it");
+  PlanningPaused real;  // FromHost makes real data
+  return FromHost(known_, sharding_);
 }
 
 const at::Tensor& DeviceData::shard(int64_t device) const {
@@ -91,7 +111,8 @@ void ExtractShardInto(const at::Tensor& global, const Sharding& sharding, int64_
 std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
                                                  const Sharding& sharding) {
   TensorType type = TypeOf(host);
-  if (Planning()) return Planned(type, sharding);  // the values are never read
+  if (Planning())  // the values are never read, but for ids and masks (KeepsKnownValue)
+    return Planned(type, sharding, KeepsKnownValue(type) ? host.contiguous().clone() : at::Tensor());
   // Bytes sent to the devices, once per transfer (PyTorch/XLA's metric of the same name).
   Metrics::Get().Record("OutboundData", static_cast<double>(type.bytes()));
   std::string label = "tensor " + type.ToString();
@@ -125,6 +146,7 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
 }
 
 at::Tensor DeviceData::ToHost() const {
+  if (planned_ && known_.defined()) return known_;
   if (planned_) throw PlannedDataError("read its values");
   Metrics::Get().Record("InboundData", static_cast<double>(type_.bytes()));
   if (is_replicated()) return shards_.at(0)->tensor;
@@ -177,7 +199,7 @@ at::Tensor DeviceData::ToHost() const {
 }
 
 std::shared_ptr<DeviceData> DeviceData::Relayout(const Sharding& target) const {
-  if (planned_) return Planned(type_, target);
+  if (planned_) return Planned(type_, target, known_);
   return FromHost(ToHost(), target);
 }
 

@@ -27,7 +27,8 @@ BufferPtr MakeBuffer(int64_t device, at::Tensor tensor, const std::string* inter
 // One buffer per device, all sharing `tensor` (a replicated value).
 std::vector<BufferPtr> MakeReplicatedBuffers(const at::Tensor& tensor, const std::string& label);
 
-class DeviceData final : public ir::DataHandle {
+class DeviceData final : public ir::DataHandle,
+                         public std::enable_shared_from_this<DeviceData> {
  public:
   // `sharding` invalid means replicated on every device. `stacked` (optional) holds the same
   // shards stacked (stacked.h), as the executor produced them.
@@ -41,9 +42,21 @@ class DeviceData final : public ir::DataHandle {
   // The shards stacked: as produced, or stacked now (once) from the shards.
   const Stacked& stacked() const;
   // Shape, dtype and layout without buffers (plan mode, runtime/plan_mode.h): reading its
-  // values throws PlannedDataError; relaying it out gives planned data again.
-  static std::shared_ptr<DeviceData> Planned(TensorType type, Sharding sharding);
+  // values throws PlannedDataError; relaying it out gives planned data again. `known`, when
+  // defined, is its global value on the host (KeepsKnownValue): reading gives it, and a real
+  // step runs on it (Materialized).
+  static std::shared_ptr<DeviceData> Planned(TensorType type, Sharding sharding,
+                                             at::Tensor known = {});
   bool planned() const { return planned_; }
+  bool known() const { return known_.defined(); }
+  // Whether plan mode keeps the value of planned data of this type: integer and boolean
+  // values (token ids, positions, masks, counts; what Python code reads to decide what to
+  // run) of at most kKnownValueBytes. They are cheap to know and to compute from factories.
+  static bool KeepsKnownValue(const TensorType& type);
+  static constexpr int64_t kKnownValueBytes = 16 << 20;
+  // Real data with the value of known planned data (laid out alike); real data itself.
+  // Planned data without a value throws PlannedDataError("run a step that reads it").
+  std::shared_ptr<DeviceData> Materialized() const;
   // Bytes one device holds of it (its padded shard), whether planned or real.
   int64_t BytesPerDevice() const;
   bool is_replicated() const { return !sharding_.valid() || sharding_.IsReplicated(); }
@@ -63,6 +76,7 @@ class DeviceData final : public ir::DataHandle {
   mutable Stacked stacked_;
   mutable std::once_flag stack_once_;
   bool planned_ = false;
+  at::Tensor known_;  // planned data's value, when known
 };
 using DeviceDataPtr = std::shared_ptr<DeviceData>;
 

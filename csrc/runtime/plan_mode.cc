@@ -24,6 +24,9 @@ void SetPlanning(bool on, std::string name) {
 
 const std::string& PlanName() { return Name(); }
 
+PlanningPaused::PlanningPaused() : was_planning_(g_planning.exchange(false)) {}
+PlanningPaused::~PlanningPaused() { g_planning.store(was_planning_); }
+
 PlannedDataError::PlannedDataError(const std::string& what_is_read)
     : std::runtime_error(
           "cannot " + what_is_read + ": the tensor holds no data, it was made inside " +

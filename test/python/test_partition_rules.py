@@ -641,7 +641,8 @@ def test_gather_scatter(mesh_shape, spec):
 
 @pytest.mark.parametrize("mesh_shape,spec", INDEX_CASES, ids=ids(INDEX_CASES))
 def test_index_put_and_advanced_indexing(mesh_shape, spec):
-    # No rule needed for correctness: these may fall back to replication.
+    # index.Tensor and index_put have rules (advanced_index.cc): no replicated fallback but
+    # for boolean masks (data-dependent shapes).
     mesh = mesh_of(mesh_shape)
     rows = torch.tensor([0, 9, 4])
     cols = torch.tensor([1, 5, 2])
@@ -651,18 +652,52 @@ def test_index_put_and_advanced_indexing(mesh_shape, spec):
         y[r, c] = v
         return y
 
-    check(put, [T(10, 6), T(3), rows, cols], [spec, None, None, None], mesh, grad=[0, 1],
-          fallback_ok=True)
+    check(put, [T(10, 6), T(3), rows, cols], [spec, None, None, None], mesh, grad=[0, 1])
 
     def acc(x, v, r):
         return x.index_put((r,), v, accumulate=True)
 
     check(acc, [T(10, 6), T(3, 6), torch.tensor([0, 9, 0])], [spec, (None, spec[1])], mesh,
-          grad=[0, 1], fallback_ok=True)
-    check(lambda x, r: x[r] * 2, [T(10, 6), rows], [spec, (spec[0],)], mesh, grad=[0],
-          fallback_ok=True)
+          grad=[0, 1])
+    check(lambda x, r: x[r] * 2, [T(10, 6), rows], [spec, (spec[0],)], mesh, grad=[0])
     check(lambda x: x[x > 0.5], [T(10, 6)], [spec], mesh, grad=True, fallback_ok=True)
     check(lambda x: x.masked_fill(x > 0.3, -1.0), [T(10, 6)], [spec], mesh, grad=True, fwd=[])
+
+
+@pytest.mark.parametrize("mesh_shape,spec", INDEX_CASES, ids=ids(INDEX_CASES))
+def test_advanced_indexing_keeps_the_index_dims_sharded(mesh_shape, spec):
+    # A Mixture-of-Experts layer's weights[expert_ids] (ids sharded with the tokens), indices
+    # that broadcast (Hugging Face's mask code: x[batch[:, None, None, None], pos[None, None,
+    # None, :]]) and indices that are not adjacent (the broadcast dims go in front).
+    mesh = mesh_of(mesh_shape)
+    g = torch.Generator().manual_seed(11)
+    ids_ = torch.randint(0, 4, (10,), generator=g)
+    check(lambda w, i: w[i] * 2, [T(4, 6, 3), ids_], [(None, spec[1], None), (spec[0],)], mesh,
+          grad=[0], fwd=[])
+    batch = torch.arange(10).view(10, 1, 1, 1)
+    pos = torch.tensor([5, 0, 3, 1, 2, 4]).view(1, 1, 1, 6)
+    check(lambda m, b, p: m[b, p], [T(10, 6), batch, pos], [spec, (spec[0], None, None, None), None],
+          mesh, grad=[0])
+    check(lambda x, r, c: x[r, :, c] + 1, [T(10, 5, 6), torch.tensor([9, 0, 4]), torch.tensor([5, 1, 2])],
+          [(spec[0], spec[1], None), None, None], mesh, grad=[0])
+
+
+@pytest.mark.parametrize("mesh_shape,spec", INDEX_CASES, ids=ids(INDEX_CASES))
+def test_index_put_accumulate_sums_on_the_devices_that_hold_the_values(mesh_shape, spec):
+    # The backward of weights[expert_ids]: each device adds its tokens' gradients into the
+    # rows of their experts, leaving a partial sum that is reduced once (self, nonzero here, is
+    # counted once), instead of every token's gradient being gathered.
+    mesh = mesh_of(mesh_shape)
+    g = torch.Generator().manual_seed(12)
+    ids_ = torch.randint(0, 4, (10,), generator=g)
+
+    def acc(x, v, i):
+        return constrain(x.index_put((i,), v, accumulate=True), (None, None))
+
+    sums_once = (lambda cs: not cs) if spec[0] is None else \
+        (lambda cs: cs and all(c["kind"] == "all-reduce" for c in cs))
+    check(acc, [T(4, 6), T(10, 6, seed=3), ids_], [None, (spec[0], None), (spec[0],)], mesh,
+          grad=[0, 1], fwd=sums_once)
 
 
 def _setitem_program(x, v):

@@ -11,6 +11,7 @@ gradient back to the shard) from those annotations at ``mark_step``.
   >>> loss = model(x).sum(); loss.backward(); opt.step(); xm.mark_step()
 """
 import warnings
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
@@ -42,6 +43,18 @@ def _prepare_spmd_partition_spec(param: torch.Tensor, extra_data_axis: Optional[
     return tuple(partition_spec)
 
 
+def _model_output_tensor(output: Mapping) -> Optional[torch.Tensor]:
+    """The tensor FSDPv2 shards of a Hugging Face ``ModelOutput``: ``logits`` where it is a
+    tensor, else the first tensor value with a dim (None if there is none)."""
+    logits = output.get("logits")
+    if isinstance(logits, torch.Tensor):
+        return logits
+    for value in output.values():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return value
+    return None
+
+
 class SpmdFullyShardedDataParallel(nn.Module):
     """Wraps ``module`` for FSDP via SPMD sharding annotations.
 
@@ -53,8 +66,9 @@ class SpmdFullyShardedDataParallel(nn.Module):
         (``xs.set_global_mesh``).
       shard_output: ``shard_output(output, mesh)`` annotates the forward output. The default
         shards dim 0 of a tensor output over ``'fsdp'`` (over ``(extra_data_axis, 'fsdp')`` when
-        given); for a tuple only its first element, with a warning; anything else raises
-        RuntimeError.
+        given); for a tuple only its first element, with a warning; for Hugging Face's
+        ``ModelOutput`` its ``logits`` (else its first tensor field with a dim); anything else
+        (a plain dict included) raises RuntimeError, as in PyTorch/XLA.
       auto_wrap_policy: wraps submodules first, through ``recursive_wrap`` (policies in
         ``torch_spmd.distributed.wrap``); the children get this mesh and ``shard_output``.
       auto_wrapper_callable: the wrapper used for the children (default this class).
@@ -125,6 +139,12 @@ class SpmdFullyShardedDataParallel(nn.Module):
                 real_output = None
                 if isinstance(output, torch.Tensor):
                     real_output = output
+                elif isinstance(output, Mapping) and hasattr(output, "to_tuple"):
+                    # Hugging Face's ModelOutput (an OrderedDict with to_tuple): its logits,
+                    # else its first tensor field. Not the first field as such: with labels
+                    # given that is the scalar loss, which has no batch dim to shard. (Other
+                    # mappings raise below, as in PyTorch/XLA.)
+                    real_output = _model_output_tensor(output)
                 elif isinstance(output, tuple):
                     real_output = output[0] if isinstance(output[0], torch.Tensor) else None
                     warnings.warn(

@@ -9,6 +9,7 @@ void RegisterViewRules();
 void RegisterNNRules();
 void RegisterBatchNormRules();
 void RegisterIndexRules();
+void RegisterAdvancedIndexRules();  // advanced_index.cc
 void RegisterConvRules();  // conv.cc
 void RegisterPoolRules();  // pool.cc
 void RegisterForeachRules();  // foreach.cc

@@ -71,6 +71,7 @@ void RegisterAllRules() {
     RegisterNNRules();
     RegisterBatchNormRules();
     RegisterIndexRules();
+    RegisterAdvancedIndexRules();
     RegisterConvRules();
     RegisterPoolRules();
     RegisterForeachRules();
