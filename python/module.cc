@@ -109,6 +109,7 @@ void BindGraph(py::module_& m) {
     d["peak_bytes_per_device"] = s.peak_bytes_per_device;
     d["flops_per_device"] = s.flops_per_device;
     d["model_flops"] = s.model_flops;
+    d["recomputed_flops"] = s.recomputed_flops;
     d["peak_op"] = s.peak_op;
     py::list costs;
     for (const auto& c : s.op_costs)

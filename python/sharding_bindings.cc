@@ -1,4 +1,5 @@
 // Bindings for sharding annotations (used by torch_spmd.distributed.spmd).
+#include "aten/lazy_tensor.h"
 #include "aten/sharding_api.h"
 #include "bindings.h"
 
@@ -50,6 +51,14 @@ void BindSharding(py::module_& m) {
   m.def("_named_sharding", [](const at::Tensor& t) {
     Sharding s = aten::GetSharding(t);
     return s.valid() ? s.WithoutPartial().ToNamedString() : std::string();
+  });
+  // The user's annotation (mark_sharding) in named form, "" when none: the layout the tensor
+  // keeps through in-place updates, unlike the one its current data happens to have (which,
+  // for a tensor nobody annotated, is whatever the last step produced).
+  m.def("_annotated_sharding", [](const at::Tensor& t) {
+    std::lock_guard<std::recursive_mutex> lock(aten::GraphMutex());
+    const Sharding& s = aten::GetLazyImpl(t, "_annotated_sharding")->slot()->annotation;
+    return s.valid() ? s.ToNamedString() : std::string();
   });
   // The (padded) shape each device holds of `t`: its whole shape when it has no sharding.
   m.def("_shard_shape", [](const at::Tensor& t) {

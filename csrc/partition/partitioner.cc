@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ir/internal_ops.h"
+#include "ir/recompute.h"
 #include "partition/cost.h"
 #include "partition/factor_assignment.h"
 #include "partition/local_builder.h"
@@ -43,7 +44,8 @@ MeshPtr FindMesh(const ir::Graph& graph) {
 class Partitioner {
  public:
   Partitioner(const ir::Graph& graph, MeshPtr mesh, const PartitionOptions& options)
-      : graph_(graph), mesh_(mesh), options_(options), prop_(graph, mesh), builder_(mesh) {
+      : graph_(graph), mesh_(mesh), options_(options), prop_(graph, mesh), builder_(mesh),
+        recomputed_(ir::RecomputedNodes(graph)) {
     int32_t slot = 0;
     for (const ir::NodePtr& n : graph.nodes)
       for (const ir::Value& in : n->inputs()) {
@@ -115,6 +117,7 @@ class Partitioner {
     for (const OpCost& c : costs_) {
       program.stats.flops_per_device += c.flops;
       program.stats.model_flops += c.model_flops;
+      if (c.recomputed) program.stats.recomputed_flops += c.model_flops;
     }
     program.stats.op_costs = std::move(costs_);
     int64_t peak_at = 0;
@@ -241,6 +244,13 @@ class Partitioner {
         v.layout = v.layout.WithoutPartial();
         v = Reshard(builder_, v, want);
         v.layout = v.layout.WithPartial(passed, ReduceOp::kSum);
+      } else if (v.layout.IsPartial()) {
+        // Reducing a pending sum finishes the op that produced it (a gradient's reduce-scatter
+        // belongs to the backward of its layer, not to the optimizer update that reads it):
+        // the collectives carry the producer's module path.
+        builder_.set_scope(n.input(i).node->scope());
+        v = Reshard(builder_, v, want);
+        builder_.set_scope(n.scope());
       } else {
         v = Reshard(builder_, v, want);
       }
@@ -392,6 +402,7 @@ class Partitioner {
     c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
     c.contraction = rule && rule->flops_per_point && *rule->flops_per_point > 0;
     c.view = rule && rule->view;
+    c.recomputed = !c.view && recomputed_.count(&n) > 0;  // a view computes nothing
     if (c.contraction) {
       GemmShape g = ContractionShape(*rule, *mesh_, fa);
       c.gemm_m = g.m;
@@ -462,6 +473,7 @@ class Partitioner {
   std::unordered_map<const ir::Node*, std::vector<LocalValue>> locals_;
   std::map<std::string, int64_t> fallbacks_;
   std::vector<OpCost> costs_;
+  std::unordered_set<const ir::Node*> recomputed_;  // ir/recompute.h
   // Local nodes a pointwise op emitted for its results: that op's entry in costs_ and the
   // global node it lowers (whose results' readers decide whether they fuse).
   struct PointwiseResult {

@@ -47,6 +47,7 @@ struct OpCost {
   bool contraction = false;
   int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0, gemm_batch = 1;
   bool view = false;            // its rule's ShardingRule::view: no time of its own
+  bool recomputed = false;      // it computes again a value the step computed (ir/recompute.h)
   std::string scope;            // module path (ir/scope.h)
   int64_t position = 0;         // index in Program::nodes of its first local node
   int64_t end_position = 0;     // one past its last local node
@@ -61,6 +62,9 @@ struct ProgramStats {
   int64_t peak_bytes_per_device = 0;  // static estimate from buffer liveness
   double flops_per_device = 0;
   double model_flops = 0;  // the global graph's FLOPs, each op counted once
+  // The part of model_flops spent computing values again (activation checkpointing's
+  // recomputed forward; ir/recompute.h): hardware FLOPs, not model FLOPs.
+  double recomputed_flops = 0;
   std::vector<OpCost> op_costs;  // in program order
   std::string peak_op;  // the op at which the per-device peak is reached
   // Bytes each device holds in live tensors right after the step (parameters, optimizer

@@ -11,6 +11,7 @@
 
 #include "graph_test_util.h"
 #include "ir/internal_ops.h"
+#include "ir/recompute.h"
 #include "partition/cost_model.h"
 #include "partition/partitioner.h"
 
@@ -617,6 +618,27 @@ TEST(CostModelTest, EstimateStepOfAPartitionedMm) {
   EXPECT_TRUE(Close(e.collective_seconds[0].start, 1.664e-8));
   EXPECT_TRUE(Close(e.exposed_communication_seconds, tree));
   EXPECT_TRUE(Close(e.overlapped_step_seconds, tree)) << e.overlapped_step_seconds;
+}
+
+// Activation checkpointing's recomputation: a chain computed again from the same inputs is
+// found node by node (its inputs the same values or recomputations of them); a computation
+// that only looks alike (other inputs) is not.
+TEST(RecomputeTest, FindsChainsComputedAgainFromTheSameInputs) {
+  ir::Value x = Param(F32({8, 8}));
+  ir::Value w = Param(F32({8, 8}));
+  ir::Value h = Relu(Mm(x, w));                  // the forward
+  ir::Value h2 = Relu(Mm(x, w));                 // its recomputation
+  ir::Value other = Relu(Mm(h, w));              // alike in form, other input
+  ir::Value out = Mm(Tanh(h2), other);
+  ir::Graph g = ir::BuildGraph({out, h});
+  std::unordered_set<const ir::Node*> again = ir::RecomputedNodes(g);
+  // Whichever of the two runs second (the graph's order) is the recomputation.
+  const bool h_first = g.PositionOf(h.node.get()) < g.PositionOf(h2.node.get());
+  const ir::Value& second = h_first ? h2 : h;
+  EXPECT_EQ(again.size(), 2u);
+  EXPECT_TRUE(again.count(second.node.get()));
+  EXPECT_TRUE(again.count(second.node->input(0).node.get()));
+  EXPECT_FALSE(again.count(other.node.get()));
 }
 
 }  // namespace

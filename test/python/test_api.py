@@ -78,6 +78,31 @@ def test_state_dict_save_load_roundtrip(tmp_path):
                                train_steps(cpu_model, batches, torch.device("cpu")))
 
 
+def test_storages_have_addresses_of_their_own():
+    # What save_pretrained and safetensors use to find tied and shared tensors: a non-zero
+    # storage address per storage, shared by views (offset as on any device) and by tied
+    # weights, never by distinct tensors, and stable.
+    emb = nn.Embedding(10, 4).to(DEV)
+    head = nn.Linear(4, 10, bias=False).to(DEV)
+    head.weight = emb.weight
+    other = torch.zeros(10, 4, device=DEV)
+    computed = emb.weight * 2
+    addresses = [t.untyped_storage().data_ptr() for t in (emb.weight, other, computed)]
+    assert 0 not in addresses and len(set(addresses)) == 3
+    assert head.weight.data_ptr() == emb.weight.data_ptr() == addresses[0]
+    row = emb.weight[3]
+    assert row.untyped_storage().data_ptr() == addresses[0]
+    assert row.data_ptr() == addresses[0] + 3 * 4 * emb.weight.element_size()
+    assert emb.weight.data_ptr() == addresses[0]  # stable
+    # Ranges do not overlap: a storage ends before the next begins.
+    ends = sorted((a, a + t.untyped_storage().nbytes())
+                  for a, t in zip(addresses, (emb.weight, other, computed)))
+    assert all(e0 <= a1 for (_, e0), (a1, _) in zip(ends, ends[1:]))
+    # CPU tensors keep theirs.
+    x = torch.zeros(3)
+    assert x.data_ptr() == x.untyped_storage().data_ptr() != 0
+
+
 def test_torch_save_device_tensors_and_parameters():
     t = torch.arange(6.0).view(2, 3).to(DEV) * 2
     p = nn.Parameter(torch.ones(3).to(DEV))

@@ -62,13 +62,16 @@ def test_comm_report_attributes_every_collective_byte_to_a_module():
     assert "blocks.0.qkv" in report and "blocks.1.fc2" in report
     assert report["blocks.0.qkv"]["backward"]  # its gradient's reduction
     assert any(d["forward"] for d in report.values()) and any(d["backward"] for d in report.values())
-    # Partial sums are reduced by the op that reads them: the row-parallel projection's in the
-    # block's residual add (forward); the column-parallel qkv's input gradient in the layer
-    # norm's backward, which reads it (each backward op is attributed to the module whose
-    # forward op it differentiates).
-    assert "all-reduce" in report["blocks.0"]["forward"] and not report["blocks.0"]["backward"]
-    assert "all-reduce" in report["blocks.0.ln1"]["backward"]
+    # A partial sum's reduction belongs to the module whose op produced the sum (wherever the
+    # op that reads it runs): the row-parallel projection's all-reduce to the projection's
+    # forward (read by the block's residual add), the column-parallel qkv's input gradient to
+    # qkv's backward (read by the layer norm's backward); each backward op is attributed to
+    # the module whose forward op it differentiates.
+    assert "all-reduce" in report["blocks.0.proj"]["forward"]
+    assert "all-reduce" in report["blocks.0.qkv"]["backward"]
+    assert "blocks.0" not in report
     assert not report["blocks.0.ln1"]["forward"].get("all-reduce")
+    assert not report["blocks.0.ln1"]["backward"].get("all-reduce")
     assert module_scope.current() == ""  # nothing left open after the step
     # The numbers are still right.
     ref = cpu.loss(idx, idx)
@@ -195,7 +198,7 @@ with plan.Plan(num_devices=64, hardware="tpu-v4"):
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     dom = result.stdout
-    assert "2-D GPT on 64 x TPU v4 (planned): 64 devices" in dom
+    assert "2-D GPT on 64 x TPU v4 (planned): planned step, 64 devices" in dom
     assert "Collectives per module" in dom and "blocks.0.qkv.weight" in dom and "<svg" in dom
     console = [line for line in result.stderr.splitlines() if "CONSOLE" in line]
     assert console == [], console
@@ -264,3 +267,93 @@ def test_each_backward_op_is_attributed_to_the_module_whose_forward_op_it_differ
         assert "aten::threshold_backward" in by_scope[""]
     finally:
         module_scope.enable(True)
+
+
+def test_html_report_of_an_executed_step(tmp_path):
+    # Headed as an executed step priced on the host; the one file it writes; the ops that ran
+    # replicated listed; each parameter's annotation apart from the layout its data has now (a
+    # parameter nobody annotated holds the step's choice); the collectives heaviest first.
+    from torch_spmd.debug import report
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 16))
+    model = model.to(torch_spmd.device())
+    mesh = xs.Mesh(np.arange(8), (4, 2), ("fsdp", "model"))
+    xs.mark_sharding(model[0].weight, mesh, ("model", "fsdp"))
+    x = torch.randn(64, 16).to(torch_spmd.device())
+    xs.mark_sharding(x, mesh, ("fsdp", None))
+    m = (torch.randn(8, 4, 4) + 4 * torch.eye(4)).to(torch_spmd.device())
+    xs.mark_sharding(m, mesh, ("fsdp", None, None))
+    loss = model(x).pow(2).mean() + torch.linalg.inv(m).sum()  # inv: no sharding rule
+    loss.backward()
+    xm.mark_step()
+    fallbacks = last_step_stats()["replicated_fallback_ops"]
+    assert fallbacks
+    page_path = tmp_path / "step.html"
+    page = report(str(page_path), model=model, title="MLP step")
+    assert sorted(os.listdir(tmp_path)) == ["step.html"]
+    assert "MLP step: executed step, 8 devices" in page and "Executed step on 8 x host" in page
+    assert "Plan on" not in page
+    for op in fallbacks:
+        assert f"<td>{op}</td>" in page
+    for name, p in model.named_parameters():
+        row = page.split(f"<td>{name}</td>", 1)[1].split("</tr>", 1)[0]
+        want = "[{model}, {fsdp}]" if name == "0.weight" else "(none)"
+        assert row.split("<td>")[3].startswith(want), (name, row)
+    section = page.split("Collectives per module", 1)[1].split("Memory per device", 1)[0]
+    sizes = [int(r.split('<td class="n">')[2].split("<")[0].replace(",", ""))
+             for r in section.split("<tr>")[2:]]
+    assert len(sizes) > 1 and sizes == sorted(sizes, reverse=True), sizes
+
+
+def test_gradient_reductions_belong_to_the_backward_not_the_optimizer():
+    # FSDP: a gradient's reduce-scatter is read by the optimizer update, but it reduces the
+    # sum the layer's backward produced: the comm report charges it there.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    model = model.to(torch_spmd.device())
+    mesh = xs.Mesh(np.arange(8), (8,), ("fsdp",))
+    for p in model.parameters():
+        xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 16).to(torch_spmd.device())
+    xs.mark_sharding(x, mesh, ("fsdp", None))
+    model(x).pow(2).mean().backward()
+    opt.step()
+    xm.mark_step()
+    report = comm_report(print_table=False)
+    assert not report.get("optimizer", {}).get("update"), report.get("optimizer")
+    reduced = sum(e["count"] for d in report.values() for e in [d["backward"].get("reduce-scatter")] if e)
+    assert reduced >= 4, report  # two weights and two biases
+
+
+def test_mfu_leaves_out_recomputation_hfu_counts_it():
+    # Activation checkpointing runs each block's forward again in the backward: hardware FLOPs
+    # (HFU) count it, model FLOPs (MFU) do not; without checkpointing the two agree.
+    from torch.utils.checkpoint import checkpoint
+    hw = dict(name="test", peak_flops_bf16=1e14, hbm_bytes=16 << 30, hbm_bandwidth=1e12,
+              ring_bandwidth=1e11)
+    reports = {}
+    for remat in (False, True):
+        with plan.Plan(hardware=hw) as p:
+            torch.manual_seed(0)
+            with torch.device("spmd"):
+                blocks = torch.nn.ModuleList(torch.nn.Sequential(
+                    torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+                    for _ in range(3))
+            x = torch.zeros(32, 64, device="spmd", requires_grad=True)
+            h = x
+            for b in blocks:
+                h = checkpoint(b, h, use_reentrant=False) if remat else b(h)
+            h.sum().backward()
+            xm.mark_step()
+            reports[remat] = p.report()
+    plain, remat = reports[False], reports[True]
+    assert plain.recomputed_flops == 0 and plain.mfu == pytest.approx(plain.hfu)
+    # The recomputed forward: what the backward reads of each block, its first matmul and the
+    # GELU (the second matmul's output is not needed).
+    forward_matmuls = 3 * (2 * 32 * 64 * 256)
+    assert forward_matmuls <= remat.recomputed_flops <= 1.2 * forward_matmuls
+    # (Views count a nominal FLOP per element in model_flops, never as recomputation.)
+    assert remat.model_flops - remat.recomputed_flops == pytest.approx(plain.model_flops, rel=0.02)
+    assert remat.hfu > remat.mfu
+    assert "HFU (recomputation counted)" in str(remat) and "HFU" not in str(plain)

@@ -730,3 +730,22 @@ def test_op_coverage():
     ops = {op for c in CASES for op in c.ops}
     assert len(ops) >= 80, sorted(ops)
 
+
+
+def test_histc_counts_integers_as_cuda_does():
+    # CPU's histc takes floating inputs only, CUDA's integers too (Hugging Face's MoE routing
+    # counts tokens per expert with histc on int32 ids off CPU): the device counts them, in the
+    # input's dtype; floating input is unchanged.
+    import numpy as np
+    import torch_spmd.distributed.spmd as xs
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 6, (40,), generator=g)
+    want = torch.histc(ids.float(), bins=4, min=0, max=3)
+    for dtype in (torch.int32, torch.int64, torch.uint8):
+        x = ids.to(dtype).to(DEV)
+        mesh = xs.Mesh(np.arange(8), (8,), ("x",))
+        xs.mark_sharding(x, mesh, ("x",))
+        got = torch.histc(x, bins=4, min=0, max=3).cpu()
+        assert got.dtype == dtype and torch.equal(got, want.to(dtype)), (dtype, got)
+    floats = torch.rand(30, generator=g)
+    torch.testing.assert_close(torch.histc(floats.to(DEV), bins=5).cpu(), torch.histc(floats, bins=5))

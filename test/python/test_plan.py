@@ -138,6 +138,35 @@ def test_reading_planned_data_raises_naming_the_plan():
     assert torch.equal((x.to(torch_spmd.device()) * 2).cpu(), x * 2)
 
 
+def test_plan_keeps_the_values_of_ids_and_masks_made_by_factories():
+    # Python that reads masks and positions (Hugging Face's mask code) runs inside a plan:
+    # integer and boolean values computed without random numbers from factories and uploads
+    # keep their values, across steps too; anything else still holds no data.
+    mesh = mesh_of((8,))
+    hw = dict(peak_flops_bf16=1e12, hbm_bytes=16 << 30, hbm_bandwidth=1e11, ring_bandwidth=1e10)
+    mask_cpu = torch.ones(16, 8, dtype=torch.long)
+    mask_cpu[3, 5:] = 0
+    with plan.Plan(hardware=hw):
+        dev = torch_spmd.device()
+        positions = torch.arange(8, device=dev).unsqueeze(0).expand(16, 8)
+        assert bool((positions[:, -1] == 7).all())
+        mask = mask_cpu.to(dev)
+        xs.mark_sharding(mask, mesh, ("x", None))
+        packed = mask.cumsum(-1) * mask
+        xm.mark_step()
+        assert torch.equal(packed.cpu(), mask_cpu.cumsum(-1) * mask_cpu)
+        assert not bool(mask.bool().all())
+        assert int((packed + positions).sum()) == int((mask_cpu.cumsum(-1) * mask_cpu + torch.arange(8)).sum())
+        # Random draws, floating values and what they feed hold no data.
+        for unknown in (torch.randint(0, 4, (8,), device=dev), torch.ones(8, device=dev) * 2,
+                        (torch.randn(8, device=dev) > 0).long()):
+            with pytest.raises(RuntimeError, match="holds no data"):
+                unknown.cpu()
+        floats = torch.ones(8).to(dev)
+        with pytest.raises(RuntimeError, match="holds no data"):
+            (floats > 0).all().item()
+
+
 def test_plan_2048_devices_reports_every_device():
     out = run_script("""
         import time

@@ -16,7 +16,8 @@ def comm_report(stats: Optional[dict] = None, print_table: bool = True) -> dict:
     (or ``stats``, a ``last_step_stats()`` dict), bytes per device (each collective's input
     buffer, as ``last_step_stats`` reports it). Modules appear in program order; ops outside any
     module are under ``"(top level)"``, optimizer updates under ``"optimizer"`` (pass
-    ``"update"``: e.g. the reduce-scatter of a gradient the update reads). With
+    ``"update"``). The reduction of a pending sum (a gradient's reduce-scatter or all-reduce)
+    is under the module whose op produced the sum (its backward), not the op that reads it. With
     ``print_table`` a table is printed too (rich, when installed)."""
     stats = stats if stats is not None else _C._last_step_stats()
     report: "OrderedDict[str, dict]" = OrderedDict()

@@ -1,6 +1,8 @@
 """``report(path)``: one self-contained HTML page about the last step (executed or planned):
-the sharding of every parameter, the collectives per module, the memory timeline, and the
-predicted step on the plan's hardware. No scripts, no external files: it opens anywhere."""
+the sharding of every parameter (its annotation and its layout now), the ops that ran
+replicated for want of a sharding rule, the collectives per module (the heaviest first), the
+memory timeline, and the step priced on the plan's hardware (or the host's). No scripts, no
+external files: it writes that one file and opens anywhere."""
 import html
 from typing import Optional, Union
 
@@ -9,7 +11,7 @@ import torch
 from .. import _C
 from .. import runtime as xr
 from .comm_report import comm_report, total_bytes
-from .views import memory_svg, memory_timeline
+from .views import memory_svg, memory_timeline_data
 
 _STYLE = """
 body { font-family: sans-serif; margin: 24px; color: #222; }
@@ -41,8 +43,11 @@ def _sharding_rows(model: torch.nn.Module):
         nbytes = p.element_size()
         for d in shard:
             nbytes *= d
+        # The annotation is what the user asked for (and what in-place updates keep); a
+        # parameter nobody annotated holds whatever layout the last step produced it in.
         yield (name, list(p.shape), str(p.dtype).replace("torch.", ""),
-               _C._named_sharding(p) or "(replicated)", list(shard), f"{nbytes:,}")
+               _C._annotated_sharding(p) or "(none)", _C._named_sharding(p) or "(replicated)",
+               list(shard), f"{nbytes:,}")
 
 
 def report(path: str, model: Optional[torch.nn.Module] = None,
@@ -50,25 +55,36 @@ def report(path: str, model: Optional[torch.nn.Module] = None,
     """Writes the page to ``path`` and returns its HTML. ``model``: the parameters to list (none
     when omitted); ``hardware``: for the predicted step (default the active plan's, else the
     measured host)."""
-    from ..plan import _active_hardware, report_last_step
-    hw = hardware if hardware is not None else (_active_hardware() or "host")
+    from ..plan import _ACTIVE, build_report, resolve
+    planned = bool(_ACTIVE)
+    hw = resolve(hardware if hardware is not None else
+                 (_ACTIVE[-1].hardware if planned else "host"))
     stats = _C._last_step_stats()
     comm = comm_report(stats, print_table=False)
-    memory = memory_timeline(path + ".memory.json")
-    summary = report_last_step(hw)
+    memory = memory_timeline_data()
+    summary = build_report(xr.global_runtime_device_count(), hw, planned=planned)
+    kind = "planned step" if planned else "executed step"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_STYLE}</style></head><body>",
-             f"<h1>{html.escape(title)}: {xr.global_runtime_device_count()} devices</h1>",
-             "<h2>Predicted step</h2>", f"<pre>{html.escape(str(summary))}</pre>"]
+             f"<h1>{html.escape(title)}: {kind}, {xr.global_runtime_device_count()} devices</h1>",
+             f"<h2>{'Predicted step' if planned else 'The step priced on ' + hw['name']}</h2>",
+             f"<pre>{html.escape(str(summary))}</pre>",
+             "<h2>Ops without a sharding rule (run replicated)</h2>",
+             _table(["op", "count"], sorted(stats["replicated_fallback_ops"].items()), numeric=(1,))
+             if stats["replicated_fallback_ops"] else "<p>None: every op ran sharded as its rule "
+             "allows.</p>"]
     if model is not None:
         parts += ["<h2>Parameters</h2>",
-                  _table(["parameter", "global shape", "dtype", "mesh axes per dim", "shape per device",
-                          "bytes per device"], _sharding_rows(model), numeric=(5,))]
+                  _table(["parameter", "global shape", "dtype", "annotation (mark_sharding)",
+                          "layout now", "shape per device", "bytes per device"],
+                         _sharding_rows(model), numeric=(6,))]
     rows = []
     for module, directions in comm.items():
         for direction, kinds in directions.items():
-            for kind, e in kinds.items():
-                rows.append((module, direction, kind, e["count"], f"{e['bytes']:,}"))
+            for kind_, e in kinds.items():
+                rows.append((module, direction, kind_, e["count"], e["bytes"]))
+    rows.sort(key=lambda r: -r[4])  # the heaviest first
+    rows = [r[:4] + (f"{r[4]:,}",) for r in rows]
     parts += ["<h2>Collectives per module</h2>",
               f"<p>{len(stats['collectives'])} collectives, {total_bytes(comm):,} bytes per device "
               f"in all.</p>",

@@ -29,6 +29,22 @@ def memory_timeline(path: str, top: int = 8) -> dict:
     ``peak_index`` and ``peak_buffers`` (the ``top`` largest values live at the peak, each with
     its bytes, op and module path). The maximum is ``last_step_stats()['peak_bytes_per_device']``.
     """
+    data = memory_timeline_data(top)
+    base, ext = os.path.splitext(path)
+    json_path = path if ext == ".json" else base + ".json"
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=1)
+    with open(base + ".svg", "w") as f:
+        f.write(memory_svg(data))
+    try:
+        _png(data, base + ".png")
+    except ImportError:
+        pass
+    return data
+
+
+def memory_timeline_data(top: int = 8) -> dict:
+    """``memory_timeline``'s data, without writing anything."""
     t = _C._last_memory_timeline()
     if not t:
         raise RuntimeError("memory_timeline: no step has run or been planned yet")
@@ -43,16 +59,6 @@ def memory_timeline(path: str, top: int = 8) -> dict:
         "peak_buffers": [dict(bytes=b, op=op, scope=scope, defined_at=d, last_use=u)
                          for b, op, scope, d, u in t["peak_buffers"][:top]],
     }
-    base, ext = os.path.splitext(path)
-    json_path = path if ext == ".json" else base + ".json"
-    with open(json_path, "w") as f:
-        json.dump(data, f, indent=1)
-    with open(base + ".svg", "w") as f:
-        f.write(memory_svg(data))
-    try:
-        _png(data, base + ".png")
-    except ImportError:
-        pass
     return data
 
 

@@ -122,4 +122,4 @@ class Plan:
 
 def report_last_step(hardware: Union[str, dict] = "host") -> PlanReport:
     """The same report for the last *executed* step, on ``hardware`` (outside any plan)."""
-    return build_report(xr.global_runtime_device_count(), resolve(hardware))
+    return build_report(xr.global_runtime_device_count(), resolve(hardware), planned=False)

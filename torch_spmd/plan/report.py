@@ -30,8 +30,10 @@ ASSUMPTIONS = [
     "prefetched all-gathers do not add to the memory figures.",
     "Memory: parameters of the step stay live throughout it, every other value from its "
     "definition to its last use; the data of tensors the step does not read stays resident.",
-    "MFU = model FLOPs (every op of the global program once) / (step time x devices x peak "
-    "FLOP/s of the dtype most of those FLOPs use).",
+    "MFU = model FLOPs (every op of the global program once, less the ops that compute a "
+    "value again: activation checkpointing's recomputed forward) / (step time x devices x peak "
+    "FLOP/s of the dtype most of those FLOPs use). HFU (hardware FLOPs utilisation) counts "
+    "the recomputation too.",
 ]
 TOP_MODULES = 10  # rows of time_by_module; the rest are summed into one "(other modules)" row
 
@@ -71,6 +73,10 @@ class PlanReport:
     fits: bool
     peak_op: str
     out_of_memory: Optional[str] = None
+    hfu: float = 0.0                # utilisation with recomputed FLOPs counted
+    recomputed_flops: float = 0.0   # of model_flops: values computed again
+    replicated_fallback_ops: dict = field(default_factory=dict)  # op -> count, no sharding rule
+    planned: bool = True            # a planned step (else an executed one, priced on `hardware`)
     assumptions: List[str] = field(default_factory=lambda: list(ASSUMPTIONS))
 
     def as_dict(self) -> dict:
@@ -79,9 +85,11 @@ class PlanReport:
     def __str__(self) -> str:
         hw = self.hardware
         peak, resident = self.peak_bytes_per_device[0], self.resident_bytes_per_device[0]
+        what = "Plan on" if self.planned else "Executed step on"
+        priced = "" if self.planned else ", priced"
         lines = [
-            f"Plan on {self.num_devices} x {hw['name']} "
-            f"({hw['peak_flops_bf16'] / 1e12:.0f} TFLOP/s bf16, {_fmt_bytes(hw['hbm_bytes'])} HBM)",
+            f"{what} {self.num_devices} x {hw['name']}{priced} "
+            f"({hw['peak_flops_bf16'] / 1e12:.3g} TFLOP/s bf16, {_fmt_bytes(hw['hbm_bytes'])} HBM)",
             f"  peak memory per device      {_fmt_bytes(peak):>14}   (at {self.peak_op})",
             f"  resident after the step     {_fmt_bytes(resident):>14}",
             f"  fits                        {'yes' if self.fits else 'NO':>14}",
@@ -98,8 +106,14 @@ class PlanReport:
             f"no overlap {_fmt_seconds(self.no_overlap_step_seconds)})",
             f"  MFU                         {self.mfu * 100:>13.2f}%",
         ]
+        if self.recomputed_flops:
+            lines.append(f"  HFU (recomputation counted) {self.hfu * 100:>13.2f}%"
+                         f"   ({self.recomputed_flops:.4g} FLOPs recomputed)")
         if self.out_of_memory:
             lines.append(f"  {self.out_of_memory}")
+        if self.replicated_fallback_ops:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.replicated_fallback_ops.items()))
+            lines.append(f"  replicated (no sharding rule): {ops}")
         if self.collectives:
             lines.append("  collectives:")
             lines.append(f"    {'kind':<18} {'axes':<16} {'group':>5} {'bytes/device':>14} "
@@ -152,8 +166,9 @@ def _time_by_module(stats: dict, est: dict, top: int = TOP_MODULES) -> List[dict
     return ranked[:top] + [other]
 
 
-def build_report(num_devices: int, hardware: dict) -> PlanReport:
-    """The report of the last step (planned or executed) on ``hardware``."""
+def build_report(num_devices: int, hardware: dict, planned: bool = True) -> PlanReport:
+    """The report of the last step (planned, or executed when not ``planned``) on
+    ``hardware``. Collectives are grouped by kind, axes and size, the most costly first."""
     stats = _C._last_step_stats()
     est = _C._estimate_last_step(hardware)
     groups: "OrderedDict[tuple, dict]" = OrderedDict()
@@ -175,7 +190,10 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
     peak = hardware["peak_flops_bf16"] if by_dtype.get(True, 0) > by_dtype.get(False, 0) \
         else hardware["peak_flops_fp32"]
     step = est["step_seconds"]
-    mfu = stats["model_flops"] / (step * num_devices * peak) if step > 0 else 0.0
+    capacity = step * num_devices * peak
+    recomputed = stats.get("recomputed_flops", 0.0)
+    hfu = stats["model_flops"] / capacity if step > 0 else 0.0
+    mfu = (stats["model_flops"] - recomputed) / capacity if step > 0 else 0.0
     device_peak = stats["device_peak_bytes"]
     fits = device_peak <= hardware["hbm_bytes"]
     oom = None
@@ -188,7 +206,8 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
         peak_bytes_per_device=[device_peak] * num_devices,
         resident_bytes_per_device=[stats["resident_bytes_per_device"]] * num_devices,
         flops_per_device=stats["flops_per_device"], model_flops=stats["model_flops"],
-        collectives=list(groups.values()), compute_seconds=est["compute_seconds"],
+        collectives=sorted(groups.values(), key=lambda g: (-g["seconds"], -g["bytes"] * g["count"])),
+        compute_seconds=est["compute_seconds"],
         compute_bound_seconds=est["compute_bound_seconds"],
         memory_bound_seconds=est["memory_bound_seconds"],
         host_bound_seconds=est["host_bound_seconds"],
@@ -197,4 +216,5 @@ def build_report(num_devices: int, hardware: dict) -> PlanReport:
         predicted_step_seconds=step, overlapped_step_seconds=est["overlapped_step_seconds"],
         no_overlap_step_seconds=est["no_overlap_step_seconds"],
         time_by_module=_time_by_module(stats, est), mfu=mfu, fits=fits,
-        peak_op=stats["peak_op"], out_of_memory=oom)
+        peak_op=stats["peak_op"], out_of_memory=oom, hfu=hfu, recomputed_flops=recomputed,
+        replicated_fallback_ops=dict(stats["replicated_fallback_ops"]), planned=planned)
