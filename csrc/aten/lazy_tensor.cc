@@ -54,7 +54,14 @@ LazyImpl::LazyImpl(SlotPtr slot, const TensorType& type)
                       SpmdDevice()),
       slot_(std::move(slot)) {
   set_sizes_contiguous(type.shape);
-  set_storage_access_should_throw();
+  // A storage of no bytes and no data: the values live on the emulated devices, reached
+  // through the slot, and no kernel ever runs on this tensor's memory. It exists so that code
+  // which only asks for storage identity (torch.library custom ops check that outputs alias
+  // no input by `id(t.untyped_storage())`; Hugging Face's grouped_mm fallback on torch < 2.8
+  // is one) works; shallow copies (detach) share it, as they share the slot.
+  storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0,
+                          c10::DataPtr(nullptr, SpmdDevice()), /*allocator=*/nullptr,
+                          /*resizable=*/false);
 }
 
 c10::intrusive_ptr<c10::TensorImpl> LazyImpl::shallow_copy_and_detach(
