@@ -429,6 +429,7 @@ void RegisterBackend() {
     RegisterBatchedMatmul();
     RegisterFusedAttention();
     RegisterIntegerHistc();
+    RegisterCustomOpListener();
     RegisterHooks();
     RegisterAutocast();
     EnsureAutogradDeviceQueue();

@@ -30,6 +30,12 @@ void RegisterFusedAttention();
 // RegisterBackend.
 void RegisterIntegerHistc();
 
+// Gives torch.library custom ops with a composite kernel (Python functions of ATen ops) a
+// device kernel that runs them with functionalization on (custom_ops.cc); registered once,
+// and for ops registered later before the next op is recorded (RegisterPendingCustomOps).
+void RegisterCustomOpListener();
+void RegisterPendingCustomOps();
+
 // Number of ops captured that way (for diagnostics).
 int NumCapturedOps();
 

@@ -1,5 +1,7 @@
 #include "aten/recorder.h"
 
+#include "aten/backend.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
@@ -579,6 +581,7 @@ std::atomic<bool> g_recorded_off_main{false};
 bool RecordedOffMainThread() { return g_recorded_off_main.load(std::memory_order_relaxed); }
 
 void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  RegisterPendingCustomOps();  // custom ops a library registered since (custom_ops.cc)
   // torch's autograd runs device backward on a worker thread (see torch_spmd/_autograd_exit.py).
   if (std::this_thread::get_id() != g_import_thread)
     g_recorded_off_main.store(true, std::memory_order_relaxed);

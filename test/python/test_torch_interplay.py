@@ -90,3 +90,72 @@ def test_torch_spmd_errors_have_no_cpp_backtrace():
     with pytest.raises(RuntimeError) as info:
         a.view(5)
     assert "frame #" not in str(info.value), str(info.value)
+
+
+# A torch.library custom op whose kernel is a Python function of ATen ops that writes into
+# views of its own output (Hugging Face's grouped_mm fallback, taken by Mixtral's experts on
+# torch < 2.8). On the device it runs with functionalization on, so the writes reach the
+# output; before, they went into copies and the output stayed zeros. Registered before and
+# after the import (the library may load either way), with autograd, on sharded inputs.
+CUSTOM_OP_WRITING_VIEWS = """
+    import numpy as np, torch
+    {first}
+
+    @torch.library.custom_op("spmdtest::blockwise_mm", mutates_args=())
+    def blockwise_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.size(0), w.size(2), device=x.device, dtype=x.dtype)
+        start = 0
+        for i, end in enumerate(offs.tolist()):
+            if start != end:
+                torch.mm(x[start:end], w[i], out=out[start:end])
+            start = end
+        return out
+
+    @blockwise_mm.register_fake
+    def _(x, w, offs):
+        return x.new_empty(x.size(0), w.size(2))
+
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        gx, gw, start = torch.zeros_like(x), torch.zeros_like(w), 0
+        for i, end in enumerate(ctx.offs.tolist()):
+            if start != end:
+                gx[start:end] = grad[start:end] @ w[i].t()
+                gw[i] = x[start:end].t() @ grad[start:end]
+            start = end
+        return gx, gw, None
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.offs = inputs[2]
+
+    blockwise_mm.register_autograd(backward, setup_context=setup_context)
+    {second}
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(16, 4, generator=g), torch.randn(3, 4, 5, generator=g)
+    offs = torch.tensor([5, 5, 16])
+    cx, cw = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = blockwise_mm(cx, cw, offs)
+    want.pow(2).sum().backward()
+    mesh = xs.Mesh(np.arange(8), (8,), ("x",))
+    dx = x.to("spmd")
+    xs.mark_sharding(dx, mesh, ("x", None))
+    dx.requires_grad_()
+    dw = w.to("spmd").requires_grad_()
+    got = blockwise_mm(dx, dw, offs.to("spmd"))
+    got.pow(2).sum().backward()
+    xm.mark_step()
+    torch.testing.assert_close(got.cpu(), want.detach())
+    torch.testing.assert_close(dx.grad.cpu(), cx.grad)
+    torch.testing.assert_close(dw.grad.cpu(), cw.grad)
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("order", ["op_first", "import_first"])
+def test_custom_ops_writing_into_views_run_functionalized(order):
+    first, second = ("", "import torch_spmd") if order == "op_first" else ("import torch_spmd", "")
+    out = _run(CUSTOM_OP_WRITING_VIEWS.format(first=first, second=second))
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
