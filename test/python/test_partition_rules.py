@@ -976,3 +976,17 @@ def test_host_index_tensors_as_with_cuda(spec):
     assert torch.equal(x[mask].cpu(), T(16, 3)[mask])
     with pytest.raises(RuntimeError, match="same device"):
         x + torch.ones(16, 3, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("mesh_shape,spec", INDEX_CASES, ids=ids(INDEX_CASES))
+def test_full_slices_and_padding_other_dims_keep_the_sharding(mesh_shape, spec):
+    # A slice that keeps a dim whole is the identity on it, and padding one dim leaves the
+    # others sharded (Hugging Face's loss pads the labels' sequence with the batch sharded,
+    # and slices the hidden states with slice(-0, None)): no communication.
+    mesh = mesh_of(mesh_shape)
+    check(lambda x: x[0:, :] * 2, [T(10, 6)], [spec], mesh, grad=True, fwd=[], bwd=[])
+    check(lambda x: x[:, 0:100] + 1, [T(10, 6)], [spec], mesh, grad=True, fwd=[], bwd=[])
+    check(lambda x: torch.nn.functional.pad(x, (0, 1), value=-100), [T(10, 6)],
+          [(spec[0], None)], mesh, grad=True, fwd=[], bwd=[])
+    # A slice that drops elements of a sharded dim still moves data, and stays right.
+    check(lambda x: x[1:, :] * 2, [T(10, 6)], [spec], mesh, grad=True)

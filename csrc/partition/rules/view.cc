@@ -193,6 +193,23 @@ std::vector<int64_t> AllDims(const ir::Node& n, int64_t rank) {
   for (int64_t d = 0; d < rank; ++d) dims[d] = d;
   return dims;
 }
+// A slice's dim, unless every result keeps its whole extent: a full slice (x[:, 0:]; torch 2.6
+// records Hugging Face's `hidden_states[:, slice(-0, None), :]` as one) is the identity.
+std::vector<int64_t> SlicedDim(const ir::Node& n, int64_t rank) {
+  const int64_t d = Dim(n, "dim", rank);
+  for (const TensorType& t : n.outputs())
+    if (t.shape[d] != n.input(0).type().shape[d]) return {d};
+  return {};
+}
+// constant_pad_nd's padded dims: pad = [left, right] per dim from the last one; dims padded by
+// nothing keep their sharding (padding a sequence leaves the batch sharded).
+std::vector<int64_t> PaddedDims(const ir::Node& n, int64_t rank) {
+  const std::vector<int64_t> pad = IntListArg(n, ArgIndex(n, "pad"));
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i + 1 < pad.size(); i += 2)
+    if (pad[i] != 0 || pad[i + 1] != 0) dims.push_back(rank - 1 - static_cast<int64_t>(i / 2));
+  return dims;
+}
 
 // select_copy(self, dim, index): the selected dim disappears.
 std::optional<ShardingRule> Select(const ir::Node& node) {
@@ -321,7 +338,7 @@ void RegisterViewRules() {
   RegisterRule("aten::select_scatter", [](const ir::Node& n) { return ScatterInto(n, true); });
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
                  "aten::narrow_copy"},
-                AsView(LinearIn(Positional(DimArg))));
+                AsView(LinearIn(Positional(SlicedDim))));
   RegisterRule("aten::cumsum", LinearIn(Positional(DimArg)));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
@@ -331,7 +348,8 @@ void RegisterViewRules() {
                 Positional(DimArg));
   RegisterRules({"aten::flip", "aten::roll"}, LinearIn(Positional(DimsArg)));
   RegisterRules({"aten::tril", "aten::triu"}, LinearIn(Positional(LastTwo)));
-  RegisterRules({"aten::constant_pad_nd", "aten::repeat"}, Positional(AllDims));
+  RegisterRule("aten::constant_pad_nd", Positional(PaddedDims));
+  RegisterRule("aten::repeat", Positional(AllDims));
 }
 
 }  // namespace spmd::partition
