@@ -63,40 +63,32 @@ class NewOps final : public c10::OpRegistrationListener {
   void onOperatorDeregistered(const c10::OperatorHandle&) override {}
 };
 
-c10::IValue Wrapped(const c10::IValue& v) {
-  auto wrap = [](const at::Tensor& t) {
-    return t.defined() && TryGetLazyImpl(t) && !at::functionalization::impl::isFunctionalTensor(t)
-               ? at::functionalization::impl::to_functional_tensor(t)
-               : t;
-  };
-  if (v.isTensor()) return wrap(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(wrap(t));
-    return out;
-  }
-  return v;
+// `v` with `fn` applied to its tensors (a tensor or a list of them; anything else as it is).
+template <typename Fn>
+c10::IValue MapTensors(const c10::IValue& v, Fn fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  if (!v.isTensorList()) return v;
+  c10::List<at::Tensor> out;
+  for (const at::Tensor& t : v.toTensorList()) out.push_back(fn(t));
+  return out;
 }
 
-c10::IValue Unwrapped(const c10::IValue& v) {
-  auto unwrap = [](at::Tensor t) {
-    if (!t.defined() || !at::functionalization::impl::isFunctionalTensor(t)) return t;
-    at::functionalization::impl::sync(t);
-    return at::functionalization::impl::from_functional_tensor(t);
-  };
-  if (v.isTensor()) return unwrap(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(unwrap(t));
-    return out;
-  }
-  return v;
+at::Tensor Wrapped(const at::Tensor& t) {
+  return t.defined() && TryGetLazyImpl(t) && !at::functionalization::impl::isFunctionalTensor(t)
+             ? at::functionalization::impl::to_functional_tensor(t)
+             : t;
+}
+
+at::Tensor Unwrapped(at::Tensor t) {
+  if (!t.defined() || !at::functionalization::impl::isFunctionalTensor(t)) return t;
+  at::functionalization::impl::sync(t);
+  return at::functionalization::impl::from_functional_tensor(t);
 }
 
 void RunFunctionalized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = op.schema().arguments().size();
   const size_t first = stack->size() - num_args;
-  for (size_t i = first; i < stack->size(); ++i) (*stack)[i] = Wrapped((*stack)[i]);
+  for (size_t i = first; i < stack->size(); ++i) (*stack)[i] = MapTensors((*stack)[i], Wrapped);
   {
     c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
     c10::impl::ForceDispatchKeyGuard functionalize(
@@ -105,7 +97,7 @@ void RunFunctionalized(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
   const size_t num_returns = op.schema().returns().size();
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i)
-    (*stack)[i] = Unwrapped((*stack)[i]);
+    (*stack)[i] = MapTensors((*stack)[i], Unwrapped);
 }
 
 // A kernel for `op` when it is a custom op of that kind (no kernel of its own for the device or
