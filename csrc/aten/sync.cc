@@ -364,6 +364,10 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
     if (s->value.valid() && !s->value.node->is_data()) stack.push_back(s->value.node.get());
   }
   if (stack.empty()) return requested;
+  std::vector<SlotPtr> others;  // pending, not requested
+  for (SlotPtr& s : PendingSlots())
+    if (!included.count(s.get())) others.push_back(std::move(s));
+  if (others.empty()) return requested;  // mark_step: everything pending is requested
   while (!stack.empty()) {
     const ir::Node* n = stack.back();
     stack.pop_back();
@@ -407,11 +411,8 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
     return rule && rule->view;
   };
   std::vector<SlotPtr> slots = requested;
-  for (SlotPtr& s : PendingSlots())
-    if (!included.count(s.get()) && reaches(s->value.node.get()) && !is_view(*s->value.node)) {
-      included.insert(s.get());
-      slots.push_back(std::move(s));
-    }
+  for (SlotPtr& s : others)
+    if (reaches(s->value.node.get()) && !is_view(*s->value.node)) slots.push_back(std::move(s));
   return slots;
 }
 
