@@ -59,7 +59,10 @@ FAMILIES = {
 
 
 def _family_params(layouts):
-    return [pytest.param(f, layout, id=f"{f}-{layout}") for f in FAMILIES for layout in layouts]
+    params = [pytest.param(f, layout, id=f"{f}-{layout}") for f in FAMILIES for layout in layouts]
+    # The Llama-shaped families also with PyTorch/XLA's Llama 2 specs.
+    return params + [pytest.param(f, "megatron", id=f"{f}-megatron")
+                     for f in ("llama", "mistral", "qwen2", "mixtral")]
 
 
 def _batch(kind, step, batch=8, seq=16):
@@ -92,6 +95,16 @@ def _two_d_specs(model, mesh):
             xs.mark_sharding(p, mesh, spec)
 
 
+def _megatron_specs(model, mesh):
+    """PyTorch/XLA's Llama 2 2-D specs: column-parallel projections (q, k, v, gate, up; the
+    embedding and the LM head) ('tensor', 'fsdp'), row-parallel ones (o, down) ('fsdp',
+    'tensor'); FSDPv2 shards the rest over 'fsdp'."""
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            row_parallel = name.endswith(("o_proj.weight", "down_proj.weight"))
+            xs.mark_sharding(p, mesh, ("fsdp", "tensor") if row_parallel else ("tensor", "fsdp"))
+
+
 def _shard_batch(batch, mesh, axis):
     out = {}
     for k, v in batch.items():
@@ -113,7 +126,7 @@ def test_trains_sharded_equal_to_cpu(family, layout):
     else:
         mesh = xs.Mesh(np.arange(8), (4, 2), ("fsdp", "tensor"))
         dev = dev.to(DEV)
-        _two_d_specs(dev, mesh)
+        (_megatron_specs if layout == "megatron" else _two_d_specs)(dev, mesh)
     model = FSDPv2(dev, mesh=mesh)
     opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=LR)
     opt_dev = torch.optim.AdamW(model.parameters(), lr=LR)
