@@ -299,14 +299,21 @@ std::vector<at::Tensor> KnownValues(const ir::Graph& graph, const std::vector<ir
   if (wanted.empty()) return {};
   Count("PlanKnownValues", static_cast<int64_t>(wanted.size()));
   runtime::PlanningPaused real;
-  ir::Graph sub = ir::BuildGraph(wanted);
-  auto exe = GetExecutable(sub);
-  std::vector<bool> donated(sub.params.size(), false);
-  std::vector<runtime::DeviceDataPtr> params = ProgramParams(sub, exe->program(), donated);
-  std::vector<runtime::DeviceDataPtr> results = exe->Run(params, sub.scalars, donated);
-  std::vector<at::Tensor> known(outputs.size());
-  for (size_t w = 0; w < wanted.size(); ++w) known[position[w]] = results[w]->ToHost().clone();
-  return known;
+  try {
+    ir::Graph sub = ir::BuildGraph(wanted);
+    auto exe = GetExecutable(sub);
+    std::vector<bool> donated(sub.params.size(), false);
+    std::vector<runtime::DeviceDataPtr> params = ProgramParams(sub, exe->program(), donated);
+    std::vector<runtime::DeviceDataPtr> results = exe->Run(params, sub.scalars, donated);
+    std::vector<at::Tensor> known(outputs.size());
+    for (size_t w = 0; w < wanted.size(); ++w) known[position[w]] = results[w]->ToHost().clone();
+    return known;
+  } catch (const std::exception&) {
+    // Knowing them is a convenience: values that cannot be computed (an op that fails on this
+    // data) stay unknown, and reading them raises the usual "holds no data".
+    Count("PlanKnownValuesFailed");
+    return {};
+  }
 }
 
 // Plan mode: the step is partitioned (and cached) like a real one, then analysed instead of
