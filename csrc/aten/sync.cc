@@ -363,7 +363,7 @@ namespace {
 // updates become data, so every token runs a graph of the same size (the same graph, a
 // compile-cache hit, with a static cache) instead of one that grows with each token.
 std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& requested) {
-  std::unordered_map<const ir::Node*, bool> depends;  // on a node the requested values compute
+  std::unordered_map<const ir::Node*, bool> reads;  // whether a node reads what they compute
   std::vector<const ir::Node*> stack;
   std::unordered_set<const LazySlot*> included;
   for (const SlotPtr& s : requested) {
@@ -375,40 +375,29 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
   for (SlotPtr& s : PendingSlots())
     if (!included.count(s.get())) others.push_back(std::move(s));
   if (others.empty()) return requested;  // mark_step: everything pending is requested
-  while (!stack.empty()) {
+  while (!stack.empty()) {  // what the requested values compute
     const ir::Node* n = stack.back();
     stack.pop_back();
-    if (n->is_data() || !depends.emplace(n, true).second) continue;
+    if (n->is_data() || !reads.emplace(n, true).second) continue;
     for (const ir::Value& in : n->inputs()) stack.push_back(in.node.get());
   }
-  // Whether `root` depends on a computed node, memoized over the pending graph (iterative:
-  // a pending chain can be deep).
-  auto reaches = [&](const ir::Node* root) {
-    std::vector<std::pair<const ir::Node*, size_t>> path{{root, 0}};
-    while (!path.empty()) {
-      auto& [n, next] = path.back();
-      if (auto it = depends.find(n); it != depends.end() && next == 0) {
-        path.pop_back();
-        if (it->second && !path.empty()) depends[path.back().first] = true;
-        continue;
-      }
-      if (n->is_data()) {
-        depends[n] = false;
-        path.pop_back();
-        continue;
-      }
-      if (next == 0) depends[n] = false;  // until an input says otherwise
-      if (next < n->inputs().size()) {
-        const ir::Node* in = n->inputs()[next++].node.get();
-        path.emplace_back(in, 0);
-        continue;
-      }
-      const bool d = depends[n];
-      path.pop_back();
-      if (d && !path.empty()) depends[path.back().first] = true;
+  // The other pending nodes, each decided once after its inputs (an iterative post-order: a
+  // pending chain can be deep).
+  std::vector<std::pair<const ir::Node*, bool>> walk;  // (node, its inputs decided)
+  for (const SlotPtr& s : others) walk.emplace_back(s->value.node.get(), false);
+  while (!walk.empty()) {
+    auto [n, inputs_decided] = walk.back();
+    walk.pop_back();
+    if (inputs_decided) {
+      bool r = false;
+      for (const ir::Value& in : n->inputs()) r = r || (!in.node->is_data() && reads.at(in.node.get()));
+      reads[n] = r;
+    } else if (!n->is_data() && !reads.count(n)) {
+      walk.emplace_back(n, true);
+      for (const ir::Value& in : n->inputs())
+        if (!in.node->is_data() && !reads.count(in.node.get())) walk.emplace_back(in.node.get(), false);
     }
-    return depends[root];
-  };
+  }
   // Views are left pending: taking one again costs nothing, and a view made an output is
   // copied out contiguous where its readers in the step read it strided (runtime/
   // executable.cc), so a matmul reading a transposed weight that autograd saved would round
@@ -419,7 +408,7 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
   };
   std::vector<SlotPtr> slots = requested;
   for (SlotPtr& s : others)
-    if (reaches(s->value.node.get()) && !is_view(*s->value.node)) slots.push_back(std::move(s));
+    if (reads.at(s->value.node.get()) && !is_view(*s->value.node)) slots.push_back(std::move(s));
   return slots;
 }
 

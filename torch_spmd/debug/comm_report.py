@@ -43,7 +43,8 @@ def total_bytes(report: dict) -> int:
     return sum(e["bytes"] for d in report.values() for kinds in d.values() for e in kinds.values())
 
 
-def _rows(report: dict):
+def report_rows(report: dict):
+    """(module, pass, collective kind, count, bytes per device) per entry of a comm_report."""
     for module, directions in report.items():
         for direction, kinds in directions.items():
             for kind, e in kinds.items():
@@ -56,13 +57,13 @@ def _print(report: dict) -> None:
         from rich.table import Table
     except ImportError:
         print(f"{'module':<40} {'pass':<9} {'collective':<19} {'count':>6} {'bytes/device':>14}")
-        for row in _rows(report):
+        for row in report_rows(report):
             print(f"{row[0]:<40} {row[1]:<9} {row[2]:<19} {row[3]:>6} {row[4]:>14}")
         return
     table = Table(title="collectives per module (bytes per device)")
     for col, justify in (("module", "left"), ("pass", "left"), ("collective", "left"),
                          ("count", "right"), ("bytes/device", "right")):
         table.add_column(col, justify=justify)
-    for module, direction, kind, count, nbytes in _rows(report):
+    for module, direction, kind, count, nbytes in report_rows(report):
         table.add_row(module, direction, kind, str(count), f"{nbytes:,}")
     Console().print(table)

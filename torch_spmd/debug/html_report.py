@@ -10,7 +10,7 @@ import torch
 
 from .. import _C
 from .. import runtime as xr
-from .comm_report import comm_report, total_bytes
+from .comm_report import comm_report, report_rows, total_bytes
 from .views import memory_svg, memory_timeline_data
 
 _STYLE = """
@@ -55,10 +55,9 @@ def report(path: str, model: Optional[torch.nn.Module] = None,
     """Writes the page to ``path`` and returns its HTML. ``model``: the parameters to list (none
     when omitted); ``hardware``: for the predicted step (default the active plan's, else the
     measured host)."""
-    from ..plan import _ACTIVE, build_report, resolve
-    planned = bool(_ACTIVE)
-    hw = resolve(hardware if hardware is not None else
-                 (_ACTIVE[-1].hardware if planned else "host"))
+    from ..plan import _active_hardware, build_report, resolve
+    planned = _active_hardware() is not None
+    hw = resolve(hardware if hardware is not None else (_active_hardware() or "host"))
     stats = _C._last_step_stats()
     comm = comm_report(stats, print_table=False)
     memory = memory_timeline_data()
@@ -78,13 +77,8 @@ def report(path: str, model: Optional[torch.nn.Module] = None,
                   _table(["parameter", "global shape", "dtype", "annotation (mark_sharding)",
                           "layout now", "shape per device", "bytes per device"],
                          _sharding_rows(model), numeric=(6,))]
-    rows = []
-    for module, directions in comm.items():
-        for direction, kinds in directions.items():
-            for kind_, e in kinds.items():
-                rows.append((module, direction, kind_, e["count"], e["bytes"]))
-    rows.sort(key=lambda r: -r[4])  # the heaviest first
-    rows = [r[:4] + (f"{r[4]:,}",) for r in rows]
+    rows = [r[:4] + (f"{r[4]:,}",)
+            for r in sorted(report_rows(comm), key=lambda r: -r[4])]  # the heaviest first
     parts += ["<h2>Collectives per module</h2>",
               f"<p>{len(stats['collectives'])} collectives, {total_bytes(comm):,} bytes per device "
               f"in all.</p>",

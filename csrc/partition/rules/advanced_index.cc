@@ -93,39 +93,35 @@ IndexFactors FactorsOf(ShardingRule& rule, const IndexGeometry& g, const TensorT
   return f;
 }
 
-TensorType IndexedType(const IndexGeometry& g, const TensorType& self) {
+// The shape a tensor made of `factors` (one factor per dim) has: the indexed result's.
+Shape ShapeOf(const ShardingRule& rule, const TensorFactors& factors) {
   Shape shape;
-  std::vector<int64_t> kept;
-  for (int64_t d = 0; d < self.rank(); ++d)
-    if (g.index_input[d] < 0) kept.push_back(self.shape[d]);
-  const int64_t at = std::min<int64_t>(g.insert_at, kept.size());
-  shape.assign(kept.begin(), kept.begin() + at);
-  shape.insert(shape.end(), g.broadcast.begin(), g.broadcast.end());
-  shape.insert(shape.end(), kept.begin() + at, kept.end());
-  return TensorType{self.dtype, shape};
+  for (const DimFactors& d : factors) shape.push_back(rule.factors[d[0]].size);
+  return shape;
 }
 
 // Every input's factors: self, the index tensors onto B, `values` (input or -1) onto the
 // indexed result.
-std::vector<TensorFactors> OperandFactors(const ir::Node& node, const IndexGeometry& g,
-                                          const IndexFactors& f, int values) {
+std::vector<TensorFactors> OperandFactors(const ir::Node& node, const ShardingRule& rule,
+                                          const IndexGeometry& g, const IndexFactors& f,
+                                          int values) {
   std::vector<TensorFactors> operands(node.inputs().size());
   operands[0] = f.self;
   const TensorType b{DType::kInt64, g.broadcast};
   for (int i : g.indices) operands[i] = BroadcastFactors(node.input(i).type(), b, f.broadcast);
   if (values >= 0)
-    operands[values] = BroadcastFactors(node.input(values).type(),
-                                        IndexedType(g, node.input(0).type()), f.result);
+    operands[values] = BroadcastFactors(
+        node.input(values).type(), TensorType{DType::kInt64, ShapeOf(rule, f.result)}, f.result);
   return operands;
 }
 
 std::optional<ShardingRule> Index(const ir::Node& node) {
   std::optional<IndexGeometry> g = GeometryOf(node);
-  if (!g || node.output(0).shape != IndexedType(*g, node.input(0).type()).shape)
-    return std::nullopt;
+  if (!g) return std::nullopt;
   ShardingRule rule;
   IndexFactors f = FactorsOf(rule, *g, node.input(0).type(), FactorKind::kPassThrough);
-  rule.operands = OperandFactors(node, *g, f, -1);
+  if (node.output(0).shape != ShapeOf(rule, f.result)) return std::nullopt;
+  rule.operands = OperandFactors(node, rule, *g, f, -1);
   rule.results = {f.result};
   return rule;
 }
@@ -143,7 +139,7 @@ std::optional<ShardingRule> IndexPut(const ir::Node& node) {
   ShardingRule rule;
   IndexFactors f = FactorsOf(rule, *g, node.input(0).type(),
                              sums ? FactorKind::kReduction : FactorKind::kNeedReplication);
-  rule.operands = OperandFactors(node, *g, f, values);
+  rule.operands = OperandFactors(node, rule, *g, f, values);
   rule.results = {f.self};
   if (!sums) return rule;
   std::vector<int> b_factors;
