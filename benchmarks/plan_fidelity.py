@@ -170,8 +170,9 @@ def load_runs(data_dir: str) -> List[Run]:
 # Planning one run (in a child process)
 
 
-def _decoder(r: Run):
-    """The run's model on the spmd device (inside a plan: no memory)."""
+def _decoder(r: Run, device: str = "spmd"):
+    """The run's model on ``device``: the spmd device (inside a plan: no memory), or a real one
+    (benchmarks/gpu_check.py times the same model on a GPU)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -272,7 +273,7 @@ def _decoder(r: Run):
             w = self.embed.weight if self.head is None else self.head.weight
             return linear(self.norm(x), w)
 
-    with torch.device("spmd"):
+    with torch.device(device):
         model = Decoder()
     # Megatron-LM's mixed precision (Float16Module): the model's parameters in 16 bits, fp32
     # main copies in the optimizer (MegatronOptimizer, below). MaxText: fp32 parameters cast at

@@ -79,7 +79,8 @@ class Partitioner {
         SPMD_CHECK_VALUE(v.layout.is_manual(),
                          "shard_to_full needs a manually sharded value (enable_manual_sharding "
                          "or _mark_manual_sharding), got one laid out as ", v.layout.ToString());
-        locals_[n.get()] = {LocalValue{v.value, n->shardings().at(0), n->output(0)}};
+        locals_[n.get()] = {LocalValue{
+            v.value, OnMesh(n->shardings().at(0), mesh_, n->output(0).rank()), n->output(0)}};
       } else {
         if (HasManualOperand(*n))
           LowerManual(*n);
@@ -174,7 +175,7 @@ class Partitioner {
   // A constraint reshards to the user's layout; a manual one marks a value computed in a
   // manual region (it must be manual already).
   LocalValue Constrain(const ir::Node& n) {
-    const Sharding& want = n.shardings().at(0);
+    const Sharding want = OnMesh(n.shardings().at(0), mesh_, n.output(0).rank());
     const LocalValue& v = Local(n.input(0));
     if (!want.is_manual()) return Reshard(builder_, v, want);
     SPMD_CHECK_VALUE(v.layout.is_manual(),

@@ -15,6 +15,11 @@ bool HasAnyAxis(const Sharding& s) {
 }
 }  // namespace
 
+Sharding OnMesh(const Sharding& s, const MeshPtr& mesh, int64_t rank) {
+  if (s.valid() && (s.mesh() == *mesh || !s.IsReplicated())) return s;
+  return Sharding::Replicated(mesh, rank);
+}
+
 bool IsRefinement(const Sharding& current, const Sharding& next) {
   if (!current.valid()) return true;
   if (current.rank() != next.rank() || current.mesh() != next.mesh()) return false;
@@ -45,13 +50,14 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh)
       shardings_[v] = s.valid() && s.mesh() == *mesh_ ? s : Sharding::Replicated(mesh_, n.output(0).rank());
       frozen_[v] = true;
     } else if (n.op() == ops.shard_to_full) {
-      shardings_[v] = n.shardings().at(0);  // leaves a manual region in this layout
+      // leaves a manual region in this layout
+      shardings_[v] = OnMesh(n.shardings().at(0), mesh_, n.output(0).rank());
       frozen_[v] = true;
     } else if (n.op() == ops.full_to_shard) {
       shardings_[v] = Sharding::Manual(n.shardings().at(0).mesh_ptr(), n.output(0).rank());
       frozen_[v] = true;
     } else if (n.op() == ops.sharding_constraint) {
-      shardings_[v] = n.shardings().at(0);
+      shardings_[v] = OnMesh(n.shardings().at(0), mesh_, n.output(0).rank());
       frozen_[v] = true;
       if (shardings_[v].is_manual()) continue;  // nothing to propagate out of a manual region
       // A constraint is an identity: its operand may take its layout.

@@ -36,6 +36,11 @@ class Propagation {
   int iterations_ = 0;
 };
 
+// `s` on the step's mesh: an annotation made on another mesh of the step's devices that tiles
+// nothing (no sharding, or every axis it names has size 1, as any axis of a one-device mesh) is
+// the step mesh's replicated layout; any other sharding stays as it is.
+Sharding OnMesh(const Sharding& s, const MeshPtr& mesh, int64_t rank);
+
 // Whether `next` only adds axes to `current` (each dim's axes extend the old ones).
 bool IsRefinement(const Sharding& current, const Sharding& next);
 

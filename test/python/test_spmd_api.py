@@ -346,6 +346,22 @@ def test_mark_sharding_on_pending_value_and_parameter():
     assert spec_of(p) == "{devices=[4,2]0,1,2,3,4,5,6,7}"
 
 
+def test_annotations_that_tile_nothing_mix_with_data_of_the_default_mesh():
+    # A (1, 1, 8) mesh's "data" and "fsdp" axes have one device each: a pending value marked
+    # along them is replicated, in a step whose other inputs are laid out on the default
+    # one-axis mesh (a one-GPU plan of a 3-D layout; it raised "Mesh axis index 1 is out of
+    # range" before).
+    mesh = Mesh(np.arange(N), (1, 1, N), ("data", "fsdp", "tensor"))
+    w, ids = torch.randn(16, 4), torch.randint(0, 16, (2, 8))
+    dw = dev_tensor(w)
+    dw.mul_(1.0)
+    xm.mark_step()  # w: device data on the default mesh
+    dids = dev_tensor(ids) * 1
+    xs.mark_sharding(dids, mesh, (("data", "fsdp"), None))
+    out = torch.nn.functional.embedding(dids, dw).sum(-1)
+    assert torch.equal(out.cpu(), torch.nn.functional.embedding(ids, w).sum(-1))
+
+
 def test_sharded_tensor_wrapper_ops():
     mesh = mesh_4x2()
     x = torch.randn(8, 4)
