@@ -159,3 +159,26 @@ def test_custom_ops_writing_into_views_run_functionalized(order):
     first, second = ("", "import torch_spmd") if order == "op_first" else ("import torch_spmd", "")
     out = _run(CUSTOM_OP_WRITING_VIEWS.format(first=first, second=second))
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_the_cuda_autograd_conflict_is_explained_and_other_errors_pass_through():
+    # torch >= 2.8 fails any CUDA backward once a PrivateUse1 device is registered (an internal
+    # assert); the wrapper names the cause and the way out. No GPU here: the translation itself.
+    from torch_spmd import _cuda_autograd
+    internal = RuntimeError('opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED at '
+                            '"/pytorch/torch/csrc/autograd/engine.cpp":1084')
+    clear = _cuda_autograd.explain(internal)
+    assert clear is not internal and "pytorch/pytorch#161129" in str(clear)
+    assert "does not import torch_spmd" in str(clear) and torch.__version__ in str(clear)
+    other = RuntimeError("element 0 of tensors does not require grad")
+    assert _cuda_autograd.explain(other) is other
+
+    def failing(*args, **kwargs):
+        raise internal
+    with pytest.raises(RuntimeError, match="CUDA backward pass cannot run") as info:
+        _cuda_autograd._explaining(failing)()
+    assert info.value.__cause__ is internal
+    # Wrapped or not (CUDA builds only), torch.autograd's functions still work on spmd tensors.
+    x = torch.ones(3, device="spmd", requires_grad=True)
+    (g,) = torch.autograd.grad((x * 2).sum(), x)
+    assert torch.equal(g.cpu(), torch.full((3,), 2.0))
