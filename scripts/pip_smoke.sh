@@ -24,7 +24,10 @@ venv_pip() { "$work/venv/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location" || 
 venv_pip install -q --disable-pip-version-check torch==2.14.1
 venv_pip install -q --disable-pip-version-check numpy pytest tqdm setuptools wheel
 echo "== pip install --no-build-isolation . (torch $("$py" -c 'import torch; print(torch.__version__)'))"
-(cd "$root" && venv_pip install -q --no-build-isolation .)
+# With libstdc++ linked statically, as some toolchains do (the GCC of NVIDIA's GPU image here):
+# the module must keep its copy to itself (CMakeLists.txt: --exclude-libs), or formatting and
+# exceptions break (tests below). A toolchain that links it dynamically is the main build's.
+(cd "$root" && LDFLAGS=-static-libstdc++ venv_pip install -q --no-build-isolation .)
 cd "$work"
 so=$("$py" -c 'import glob, os, torch_spmd; print(*glob.glob(os.path.dirname(torch_spmd.__file__) + "/_C*.so"))')
 echo "== $so"
@@ -34,6 +37,7 @@ echo "$links"
 grep -E "NEEDED|RPATH|RUNPATH" <<<"$dynamic"
 if grep -E "lib(torch|c10)_cuda" <<<"$links"; then echo "FAIL: _C links torch's CUDA libraries"; exit 1; fi
 if grep -E "RPATH|RUNPATH" <<<"$dynamic"; then echo "FAIL: _C carries library paths"; exit 1; fi
+if grep -E "libstdc\+\+" <<<"$links"; then echo "FAIL: _C links libstdc++ dynamically despite -static-libstdc++"; exit 1; fi
 "$py" -c 'import torch, torch_spmd; print(torch.randn(2, device="spmd").device)'
 echo "== demo"
 "$py" "$root/examples/demo.py" --steps 20

@@ -1,6 +1,7 @@
 // Kernels for the ops that move data between the host and the devices. Host->device copies
 // upload eagerly (recording them would capture the user's host tensor by reference, and it may
 // change); device->host copies materialize; device->device copies are recorded like any op.
+// Tensors of other devices (cuda, ...) travel through the host, both ways.
 #include <ATen/ATen.h>
 
 #include <unordered_map>
@@ -17,10 +18,10 @@ namespace {
 
 at::Tensor HostValue(LazyImpl* impl) { return Materialize(impl->slot())->ToHost(); }
 
-// Uploads `src` (any device-less host tensor) into the lazy tensor `dst`: broadcast to dst's
+// Uploads `src` (a tensor of any other device) into the lazy tensor `dst`: broadcast to dst's
 // shape and cast to its dtype, as copy_ does.
 at::Tensor HostLike(const TensorType& type, const at::Tensor& src) {
-  return src.to(runtime::ToScalarType(type.dtype)).expand(type.shape).contiguous();
+  return src.to(c10::kCPU, runtime::ToScalarType(type.dtype)).expand(type.shape).contiguous();
 }
 
 void UploadInto(LazyImpl* dst, const at::Tensor& src) {
@@ -37,17 +38,15 @@ void ToCopy(OpPlan& plan, torch::jit::Stack* stack) {
   LazyImpl* impl = TryGetLazyImpl(self);
   at::Tensor result;
   if (!impl) {
-    TORCH_CHECK(self.device().is_cpu(), "cannot copy a tensor on ", self.device(),
-                " to the spmd device; move it to the CPU first");
     Count("TransferToDevice");
-    at::Tensor host = self.to(dtype.value_or(self.scalar_type()));
+    at::Tensor host = self.to(c10::kCPU, dtype.value_or(self.scalar_type()));
     result = WrapOutput(UploadValue(host), /*factory=*/true);
   } else if (device && device->type() != c10::DeviceType::PrivateUse1) {
-    TORCH_CHECK(device->is_cpu(), "spmd tensors can only be copied to the CPU, not ", *device);
     Count("TransferFromDevice");
     at::Tensor host = HostValue(impl);
     // Always a fresh tensor: device buffers are shared and immutable.
-    result = host.to(dtype.value_or(host.scalar_type()), /*non_blocking=*/false, /*copy=*/true);
+    result = host.to(*device, dtype.value_or(host.scalar_type()), /*non_blocking=*/false,
+                     /*copy=*/true);
   } else {
     return RecordOp(plan, stack);
   }
@@ -60,7 +59,6 @@ void ToCopy(OpPlan& plan, torch::jit::Stack* stack) {
 LazyImpl* HostCopyTarget(const at::Tensor& self, const at::Tensor& src) {
   LazyImpl* dst = TryGetLazyImpl(self);
   if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return nullptr;
-  TORCH_CHECK(src.device().is_cpu(), "cannot copy from ", src.device(), " into an spmd tensor");
   return dst;
 }
 
