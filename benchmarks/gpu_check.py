@@ -270,8 +270,10 @@ def table(measured: dict, rows: list) -> str:
 def write(text: str) -> None:
     path = os.path.join(ROOT, "docs", "benchmarks.md")
     head = "## Plan mode against one real GPU (issue 22)"
-    body = (f"{head}\n\n`python benchmarks/gpu_check.py --measure gpu.json` on the GPU, then "
-            "`python benchmarks/gpu_check.py --compare gpu.json --write` here.\n\n" + text + "\n")
+    body = (f"{head}\n\n`scripts/gpu_check.sh` on a lent GPU (its `gpu.json` is kept as "
+            "`benchmarks/data/gpu_check_<gpu>.json`), then `python benchmarks/gpu_check.py "
+            "--compare benchmarks/data/gpu_check_<gpu>.json --write` here; docs/plan_mode.md "
+            "(\"Against one real GPU\") reads the numbers.\n\n" + text + "\n")
     doc = open(path).read()
     if head in doc:
         start = doc.index(head)

@@ -219,6 +219,19 @@ def test_copy_between_host_and_device():
     assert torch.equal(host_view[1:], torch.arange(6.0).view(2, 3)) and host_view[0].eq(0).all()
 
 
+def test_tensors_of_other_devices_travel_through_the_host():
+    # cuda <-> spmd goes through the host (checked on a GPU by scripts/gpu_check.sh); "meta" is
+    # the other device every torch has: a copy to it keeps shape and dtype, a copy from it
+    # fails in torch's own words (it holds no data), as .cpu() would.
+    d = torch.arange(6.0).view(2, 3).to(DEV)
+    m = d.to("meta", torch.float16)
+    assert m.device.type == "meta" and m.shape == (2, 3) and m.dtype == torch.float16
+    with pytest.raises(NotImplementedError, match="meta"):
+        torch.empty(2, 3, device="meta").to(DEV)
+    with pytest.raises(NotImplementedError, match="meta"):
+        torch.zeros(2, 3).to(DEV).copy_(torch.empty(2, 3, device="meta"))
+
+
 # ---- printing, item(), autograd attributes ----------------------------------------------------
 
 @pytest.mark.parametrize("make,expected", [
