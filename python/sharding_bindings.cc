@@ -2,6 +2,7 @@
 #include "aten/lazy_tensor.h"
 #include "aten/sharding_api.h"
 #include "bindings.h"
+#include "partition/rules/rule.h"
 
 namespace py = pybind11;
 
@@ -47,6 +48,7 @@ void BindSharding(py::module_& m) {
       py::arg("dim_axes"),
       "A new spmd tensor with a CPU tensor's data laid out directly in the given sharding.");
   m.def("_clear_sharding", &aten::ClearSharding);
+  m.def("_sharding_rule_names", &partition::RegisteredRuleNames);
   // The sharding in named form ("[{fsdp}, {model}]"), "" when none: short for any mesh size.
   m.def("_named_sharding", [](const at::Tensor& t) {
     Sharding s = aten::GetSharding(t);

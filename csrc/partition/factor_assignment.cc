@@ -93,16 +93,6 @@ std::vector<AxisList> DimAxesFromFactors(const ShardingRule& rule, const Mesh& m
   return dims;
 }
 
-bool Representable(const ShardingRule& rule, const Mesh& mesh, const TensorFactors& tensor,
-                   const FactorAxes& factor_axes) {
-  for (const DimFactors& dim : tensor) {
-    size_t usable = UsableFactors(rule, mesh, dim, factor_axes);
-    for (size_t k = usable; k < dim.size(); ++k)
-      if (!factor_axes[dim[k]].empty()) return false;
-  }
-  return true;
-}
-
 FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
                          const std::vector<const Sharding*>& operands,
                          const std::vector<TensorType>& operand_types,

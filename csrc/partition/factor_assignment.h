@@ -23,10 +23,6 @@ std::vector<AxisList> DimAxesFromFactors(const ShardingRule& rule, const Mesh& m
                                          const TensorFactors& tensor,
                                          const FactorAxes& factor_axes);
 
-// Whether `tensor` can carry exactly `factor_axes` (no factor's axes dropped by the rule above).
-bool Representable(const ShardingRule& rule, const Mesh& mesh, const TensorFactors& tensor,
-                   const FactorAxes& factor_axes);
-
 // Chooses axes for every factor from what the operands and results currently have (an invalid
 // Sharding = unknown). Each factor takes the axes proposed by the largest tensor that has an
 // opinion on it (resharding the smaller tensors moves fewer bytes); a mesh axis shards at most

@@ -1,5 +1,6 @@
 #include "partition/propagate.h"
 
+#include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "partition/factor_assignment.h"
 
@@ -78,6 +79,9 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh)
     for (size_t p = 0; p < graph.nodes.size(); ++p) changed |= Visit(*graph.nodes[p]);
     for (size_t p = graph.nodes.size(); p-- > 0;) changed |= Visit(*graph.nodes[p]);
   }
+  // Stopped before a fixed point: some values keep a layout short of what propagation would
+  // give them (correct, but maybe more communication). Counted, so that it does not go unseen.
+  if (changed) Count("PropagationIterationCap");
 }
 
 int Propagation::Index(const ir::Value& v) const {

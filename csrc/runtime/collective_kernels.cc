@@ -122,17 +122,6 @@ DeviceTensors ShardSlice(const Call& c) {
   });
 }
 
-// The fill value in x's dtype: the infinite identities of max/min reductions become an integer
-// dtype's extreme values (true/false for bool), which fill_ accepts.
-c10::Scalar PadValueFor(const at::Tensor& x, double value) {
-  c10::ScalarType t = x.scalar_type();
-  if (!std::isinf(value) || at::isFloatingType(t) || at::isComplexType(t)) return value;
-  if (t == at::kBool) return value > 0;
-  return AT_DISPATCH_INTEGRAL_TYPES(t, "mask_pad", [&] {
-    return c10::Scalar(value > 0 ? std::numeric_limits<scalar_t>::max()
-                                 : std::numeric_limits<scalar_t>::lowest());
-  });
-}
 
 DeviceTensors MaskPad(const Call& c) {
   const DimTiling tiling(c.attrs.size, c.groups.group_size());
@@ -202,15 +191,9 @@ void Register(const ir::OpInfo* op, Kernel kernel) {
 }  // namespace
 
 void RegisterCollectiveKernels() {
-  const ir::InternalOps& ops = ir::InternalOps::Get();
-  Register(ops.all_gather, AllGather);
-  Register(ops.all_reduce, AllReduce);
-  Register(ops.reduce_scatter, ReduceScatter);
-  Register(ops.all_to_all, AllToAll);
-  Register(ops.collective_permute, CollectivePermute);
-  Register(ops.shard_slice, ShardSlice);
-  Register(ops.mask_pad, MaskPad);
-  Register(ops.halo_exchange, HaloExchange);
+  RegisterSpmdOpKernels<Kernel>({AllGather, AllReduce, ReduceScatter, AllToAll,
+                                 CollectivePermute, ShardSlice, MaskPad, HaloExchange},
+                                Register);
 }
 
 PerDevice RunSpmdOp(const ir::OpInfo& op, std::vector<ir::Arg> args, MeshPtr mesh,

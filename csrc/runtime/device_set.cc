@@ -207,12 +207,6 @@ DeviceStats DeviceSet::Stats(int64_t device) const {
   return devices_[device].stats;
 }
 
-void DeviceSet::ResetPeak(int64_t device) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& s = devices_.at(device).stats;
-  s.peak_bytes_used = s.bytes_used;
-}
-
 void DeviceSet::ResetAllPeaks() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& d : devices_) d.stats.peak_bytes_used = d.stats.bytes_used;

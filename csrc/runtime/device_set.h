@@ -67,8 +67,7 @@ class DeviceSet {
   // Releases every allocation in `allocs` (all of this device set) under one lock.
   static void ReleaseAll(const std::vector<Allocation*>& allocs);
   DeviceStats Stats(int64_t device) const;
-  void ResetPeak(int64_t device);  // peak := current use
-  void ResetAllPeaks();
+  void ResetAllPeaks();  // every device's peak := its current use
   int64_t live_allocations() const;
 
  private:

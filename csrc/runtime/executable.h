@@ -51,7 +51,6 @@ class Executable {
                                  const std::vector<bool>& donated = {}) const;
 
   const partition::Program& program() const { return program_; }
-  int64_t num_instructions() const { return static_cast<int64_t>(instructions_.size()); }
 
  private:
   struct Instruction {

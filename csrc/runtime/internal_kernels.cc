@@ -64,11 +64,4 @@ const StackedKernel* FindStackedKernel(const std::string& qualified_name) {
   return it == StackedRegistry().end() ? nullptr : &it->second;
 }
 
-PerDevice MakePerDevice(const std::vector<at::Tensor>& tensors, const std::string& label) {
-  PerDevice out;
-  out.reserve(tensors.size());
-  for (size_t d = 0; d < tensors.size(); ++d) out.push_back(MakeBuffer(d, tensors[d], label));
-  return out;
-}
-
 }  // namespace spmd::runtime

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/internal_ops.h"
 #include "ir/node.h"
 #include "runtime/device_data.h"
 #include "runtime/stacked.h"
@@ -27,6 +28,28 @@ using StackedKernel = std::function<std::vector<Stacked>(
 void RegisterStackedKernel(const std::string& qualified_name, StackedKernel kernel);
 const StackedKernel* FindStackedKernel(const std::string& qualified_name);
 
+// One kernel per partitioner-inserted spmd op, for each executor (per-device and stacked); the
+// list of ops lives here once, so an op added to one executor cannot be missing from the other.
+template <typename Kernel>
+struct SpmdOpKernels {
+  Kernel all_gather, all_reduce, reduce_scatter, all_to_all, collective_permute, shard_slice,
+      mask_pad, halo_exchange;
+};
+// Calls register_one(op, kernel) for each op of `kernels`.
+template <typename Kernel, typename RegisterOne>
+void RegisterSpmdOpKernels(const SpmdOpKernels<Kernel>& k, RegisterOne register_one) {
+  const ir::InternalOps& ops = ir::InternalOps::Get();
+  for (const auto& [op, kernel] : {std::pair{ops.all_gather, k.all_gather},
+                                   {ops.all_reduce, k.all_reduce},
+                                   {ops.reduce_scatter, k.reduce_scatter},
+                                   {ops.all_to_all, k.all_to_all},
+                                   {ops.collective_permute, k.collective_permute},
+                                   {ops.shard_slice, k.shard_slice},
+                                   {ops.mask_pad, k.mask_pad},
+                                   {ops.halo_exchange, k.halo_exchange}})
+    register_one(op, kernel);
+}
+
 // Registers the collective and device-local spmd kernels (collective_kernels.cc). Called from
 // this library's own registrar: the runtime is a static library, so a registrar living only in
 // collective_kernels.o could be dropped by the linker.
@@ -42,9 +65,5 @@ void RegisterStackedKernels();
 // `stacked` runs its stacked kernel instead of the per-device one.
 PerDevice RunSpmdOp(const ir::OpInfo& op, std::vector<ir::Arg> args, MeshPtr mesh,
                     const PerDevice& inputs, bool stacked = false);
-
-// Per-device buffers for `tensors` (one per device), sharing a buffer object between devices
-// that got the very same host tensor.
-PerDevice MakePerDevice(const std::vector<at::Tensor>& tensors, const std::string& label);
 
 }  // namespace spmd::runtime

@@ -60,7 +60,6 @@ struct Stacked {
   int64_t num_rows() const { return map->rows; }
   bool replicated() const { return map->rows == 1; }
   at::Tensor Row(int64_t r) const { return single.defined() ? single : rows.select(0, r); }
-  at::Tensor OfDevice(int64_t device) const { return Row(map->row_of[device]); }
 };
 
 // Values' rows arranged by the groups of a collective over `groups`, one entry per *distinct*

@@ -1,8 +1,22 @@
 #include "runtime/tile_ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+
+#include <cmath>
+#include <limits>
 
 namespace spmd::runtime {
+
+c10::Scalar PadValueFor(const at::Tensor& x, double value) {
+  c10::ScalarType t = x.scalar_type();
+  if (!std::isinf(value) || at::isFloatingType(t) || at::isComplexType(t)) return value;
+  if (t == at::kBool) return value > 0;
+  return AT_DISPATCH_INTEGRAL_TYPES(t, "mask_pad", [&] {
+    return c10::Scalar(value > 0 ? std::numeric_limits<scalar_t>::max()
+                                 : std::numeric_limits<scalar_t>::lowest());
+  });
+}
 
 at::Tensor ValidRows(const at::Tensor& tile, int64_t dim, const DimTiling& tiling, int64_t index) {
   return tile.narrow(dim, 0, tiling.Length(index));

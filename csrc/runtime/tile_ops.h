@@ -18,6 +18,9 @@ at::Tensor PadTo(const at::Tensor& t, int64_t dim, int64_t size);
 // view that would keep the whole tensor alive behind a device's smaller accounted buffer).
 at::Tensor PaddedTile(const at::Tensor& whole, int64_t dim, const DimTiling& tiling,
                       int64_t index);
+// The value padding takes in x's dtype (mask_pad): the infinite identities of max/min reductions
+// become an integer dtype's extreme values (true/false for bool).
+c10::Scalar PadValueFor(const at::Tensor& x, double value);
 // acc = op(acc, v), elementwise, in place.
 void ReduceInto(at::Tensor& acc, const at::Tensor& v, ReduceOp op);
 

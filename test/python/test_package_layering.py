@@ -1,5 +1,7 @@
 """The Python package has no import cycles: every module imports only modules below it (module
-level and function level alike), so any module can be imported first."""
+level and function level alike), so any module can be imported first. Importing ``a.b.c`` runs
+the packages ``a`` and ``a.b`` first, so it depends on their ``__init__`` too (except on the
+importer's own enclosing packages, which are already running)."""
 import ast
 import os
 
@@ -34,7 +36,15 @@ def _imports(name, path, mods):
                 out.add(full if full in mods else target)
         elif isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
-    return {m for m in out if m in mods and m != name}
+    with_packages = set()
+    for m in out:
+        parts = m.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            enclosing = name == prefix or name.startswith(prefix + ".")
+            if prefix in mods and not enclosing:
+                with_packages.add(prefix)
+    return {m for m in with_packages if m != name}
 
 
 def test_no_import_cycles():

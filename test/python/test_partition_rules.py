@@ -990,3 +990,23 @@ def test_full_slices_and_padding_other_dims_keep_the_sharding(mesh_shape, spec):
           [(spec[0], None)], mesh, grad=True, fwd=[], bwd=[])
     # A slice that drops elements of a sharded dim still moves data, and stays right.
     check(lambda x: x[1:, :] * 2, [T(10, 6)], [spec], mesh, grad=True)
+
+
+def test_every_rule_names_an_op_of_this_torch():
+    # A misspelt name in a rule file would leave the op without its rule, silently replicated.
+    from torch_spmd import _C
+    ops = set(torch._C._dispatch_get_all_op_names())
+    bare = {name.split(".")[0] for name in ops}
+    names = _C._sharding_rule_names()
+    assert len(names) > 200 and len(names) == len(set(names))
+    missing = []
+    for name in names:
+        if name.endswith("*"):
+            found = any(op.startswith(name[:-1]) for op in ops)
+        elif "." in name:
+            found = name in ops
+        else:
+            found = name in bare
+        if not found:
+            missing.append(name)
+    assert not missing, f"rules for ops torch {torch.__version__} does not have: {missing}"

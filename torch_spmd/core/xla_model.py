@@ -8,6 +8,7 @@ from .. import _step
 from .. import runtime
 from .._device import device as _device
 from .._device import is_spmd_tensor
+from .._optimization_barrier import optimization_barrier_  # noqa: F401  (the xm API)
 from ..distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 from ..distributed import _process_world
 from ._replica_collectives import (  # noqa: F401  (the xm collectives API)
@@ -28,21 +29,6 @@ def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
 def add_step_closure(closure, args=(), run_async=False):
     """Runs ``closure(*args)`` after the current step's graph has executed."""
     _step.add_step_closure(closure, args)
-
-
-def optimization_barrier_(tensors) -> None:
-    """PyTorch/XLA's barrier against compiler rewrites across it; a no-op here, by design.
-
-    XLA needs it because its compiler may merge a repeated computation with an earlier one
-    (CSE: FSDP's backward all-gather with the forward one, a checkpointed layer's recomputation
-    with its first forward) and keep the first result alive instead. Our lazy graph records
-    every op call as a new node and never merges equal subexpressions, so a re-gather or a
-    recomputation always runs again and the first result is freed after its last use. Accepts
-    a list of spmd tensors (as XLA does) and leaves them untouched.
-    """
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"optimization_barrier_ expects tensors, got {type(t).__name__}")
 
 
 def wait_device_ops(devices=()):

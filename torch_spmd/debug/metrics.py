@@ -2,7 +2,8 @@
 
 Counters: ``MarkStep``, ``UncachedCompile``, ``CachedCompile``, ``ExecuteGraph``,
 ``EagerFallback`` (plus one counter per op that ran eagerly, named ``aten::<op>``),
-``TransferToDevice``, ``TransferFromDevice``, collective counters. Metrics (timers, seconds):
+``TransferToDevice``, ``TransferFromDevice``, collective counters, ``PropagationIterationCap``
+(sharding propagation stopped at its iteration cap before a fixed point). Metrics (timers, seconds):
 ``CompileTime``, ``ExecuteTime``.
 """
 from typing import List, Optional, Tuple

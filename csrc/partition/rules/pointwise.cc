@@ -112,7 +112,7 @@ std::optional<ShardingRule> Cast(const ir::Node& node) {
 void RegisterPointwiseRules() {
   RegisterRules(
       {// arithmetic and comparison
-       "aten::add", "aten::sub", "aten::mul", "aten::div", "aten::rsub", "aten::neg",
+       "aten::add", "aten::sub", "aten::div", "aten::rsub",
        "aten::remainder", "aten::fmod", "aten::pow", "aten::maximum", "aten::minimum",
        "aten::eq", "aten::ne", "aten::lt", "aten::le", "aten::gt", "aten::ge",
        "aten::logical_and", "aten::logical_or", "aten::logical_xor", "aten::logical_not",
@@ -138,20 +138,20 @@ void RegisterPointwiseRules() {
        "aten::log_sigmoid_backward", "aten::prelu", "aten::_prelu_kernel",
        "aten::_prelu_kernel_backward",
        // casts, copies, *_like, dropout
-       "aten::_to_copy", "aten::clone", "aten::copy", "aten::copy_", "aten::fill",
+       "aten::copy", "aten::copy_", "aten::fill",
        "aten::zero", "aten::zeros_like", "aten::ones_like", "aten::full_like",
        "aten::empty_like", "aten::rand_like", "aten::randn_like", "aten::bernoulli",
        "aten::bernoulli_", "aten::uniform_", "aten::normal_", "aten::random_",
        "aten::exponential_",
-       "aten::native_dropout", "aten::native_dropout_backward", "aten::alias_copy",
-       "aten::detach_copy", "aten::lift_fresh_copy", "aten::max.other", "aten::min.other"},
+       "aten::native_dropout", "aten::native_dropout_backward", "aten::max.other",
+       "aten::min.other"},
       Pointwise);
   RegisterRules({"aten::zeros", "aten::ones", "aten::full", "aten::empty", "aten::empty_strided",
                  "aten::rand", "aten::randn", "aten::new_zeros", "aten::new_ones",
                  "aten::new_full", "aten::new_empty", "aten::new_empty_strided"},
                 Factory);
-  // Registered last: these override the plain pointwise entries above.
-  // Linear in their tensor operand(s), the others fixed: pending partial sums pass through.
+  // Pointwise too, with more said about them. Linear in their tensor operand(s), the others
+  // fixed: pending partial sums pass through.
   // (mul is linear in either factor; div in its numerator.)
   RegisterRules({"aten::neg", "aten::clone", "aten::mul"}, LinearIn(Pointwise, {-1}));
   // Views of their operand in the program the user wrote (the functional IR copies them).

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "partition/rules/all_rules.h"
@@ -27,7 +28,10 @@ Registry& GetRegistry() {
 void RegisterRule(const std::string& op_name, RuleBuilder builder) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.rules[op_name] = std::move(builder);
+  // One rule per name: a second registration is a mistake in a rule file (an op in two lists),
+  // and which one would win depends on the order the families register in.
+  if (!r.rules.emplace(op_name, std::move(builder)).second)
+    throw std::logic_error("sharding rule registered twice for " + op_name);
 }
 
 void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& builder) {
@@ -84,6 +88,17 @@ std::optional<ShardingRule> GetRule(const ir::Node& node) {
   const RuleBuilder* builder = FindBuilder(*node.op());
   if (!builder) return std::nullopt;
   return (*builder)(node);
+}
+
+std::vector<std::string> RegisteredRuleNames() {
+  RegisterAllRules();
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, builder] : r.rules) names.push_back(name);
+  for (const Registry::PrefixRule& p : r.prefix_rules) names.push_back(p.prefix + "*");
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 bool HasRuleFor(const std::string& qualified_name) {

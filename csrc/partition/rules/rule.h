@@ -167,6 +167,9 @@ void RegisterRulePrefix(const std::string& prefix, RuleBuilder builder,
                         std::vector<std::string> exclude = {});
 std::optional<ShardingRule> GetRule(const ir::Node& node);
 bool HasRuleFor(const std::string& qualified_name);
+// Every registered name ("aten::add" for every overload, "aten::add.Tensor" for one), prefixes
+// as "aten::_foreach_*"; sorted.
+std::vector<std::string> RegisteredRuleNames();
 
 // `inner` with ShardingRule::linear_operands set for the listed operand positions (-1: every
 // operand).

@@ -1,7 +1,7 @@
 """``apply_backward_optimization_barrier`` (PyTorch/XLA's ``xs`` API, used by FSDPv2)."""
 import torch
 
-from ...core import xla_model as xm
+from ..._optimization_barrier import optimization_barrier_
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
@@ -16,6 +16,6 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
     def _barrier(module, grad_input, grad_output):
         tensors = [p.grad for p in module.parameters() if p.grad is not None]
         tensors += [g for g in grad_input if isinstance(g, torch.Tensor)]
-        xm.optimization_barrier_(tensors)
+        optimization_barrier_(tensors)
 
     m.register_full_backward_hook(_barrier)

@@ -1,0 +1,38 @@
+// The rule registry: one rule per name, every family registered once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+namespace {
+
+TEST(RuleRegistryTest, ANameRegisteredTwiceIsAnError) {
+  RuleBuilder none = [](const ir::Node&) -> std::optional<ShardingRule> { return std::nullopt; };
+  RegisterRule("test::registered_twice", none);
+  try {
+    RegisterRule("test::registered_twice", none);
+    FAIL() << "a second registration was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("test::registered_twice"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RuleRegistryTest, EveryFamilyRegistersWithoutClashes) {
+  // RegisteredRuleNames registers every family first: a name in two families (or twice in one)
+  // throws here.
+  std::vector<std::string> names = RegisteredRuleNames();
+  EXPECT_GT(names.size(), 200u);
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_TRUE(HasRuleFor("aten::mm"));
+  EXPECT_TRUE(HasRuleFor("aten::add.Tensor"));
+  EXPECT_TRUE(HasRuleFor("aten::_foreach_add.List"));
+}
+
+}  // namespace
+}  // namespace spmd::partition
