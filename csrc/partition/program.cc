@@ -92,4 +92,9 @@ std::string Program::ToText() const {
   return os.str();
 }
 
+const OpTraits& Program::TraitsAt(size_t node_index) const {
+  static const OpTraits* none = new OpTraits();
+  return node_index < traits.size() ? traits[node_index] : *none;
+}
+
 }  // namespace spmd::partition

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "partition/op_traits.h"
 #include "sharding/sharding.h"
 
 namespace spmd::partition {
@@ -83,6 +84,9 @@ struct ProgramStats {
 
 struct Program {
   std::vector<ir::NodePtr> nodes;     // topological order; params included
+  // Per node (parallel to `nodes`): what its rule lets the executor do (op_traits.h). A program
+  // built by hand may leave it empty: TraitsAt then answers "nothing".
+  std::vector<OpTraits> traits;
   std::vector<ir::NodePtr> params;    // in the global graph's parameter order
   std::vector<Sharding> param_shardings;  // layout each parameter must arrive in
   std::vector<ir::Value> outputs;     // in the global graph's output order
@@ -90,6 +94,7 @@ struct Program {
   std::vector<TensorType> output_global_types;
   ProgramStats stats;
   std::string ToText() const;
+  const OpTraits& TraitsAt(size_t node_index) const;
 };
 
 }  // namespace spmd::partition

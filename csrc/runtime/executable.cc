@@ -15,7 +15,6 @@
 #include "core/metrics.h"
 #include "ir/internal_attrs.h"
 #include "ir/internal_ops.h"
-#include "partition/rules/rule.h"
 #include "runtime/internal_kernels.h"
 #include "runtime/row_merge.h"
 
@@ -65,12 +64,12 @@ const c10::OperatorHandle* ViewKernelFor(const ir::OpInfo* op) {
   return it->second;
 }
 
-// Whether `node`'s rule makes it elementwise, and the local rank each input must have to run
-// stacked as it is: that of the result it broadcasts into (element i of a list argument into
-// result i; a lone tensor beside lists must not vary over devices: -1).
-void ElementwiseRanks(const ir::Node& node, bool* elementwise, std::vector<int>* rank) {
-  std::optional<partition::ShardingRule> rule = partition::GetRule(node);
-  *elementwise = rule && rule->elementwise;
+// Whether `node` is elementwise (its traits say so), and the local rank each input must have
+// to run stacked as it is: that of the result it broadcasts into (element i of a list argument
+// into result i; a lone tensor beside lists must not vary over devices: -1).
+void ElementwiseRanks(const ir::Node& node, const partition::OpTraits& traits, bool* elementwise,
+                      std::vector<int>* rank) {
+  *elementwise = traits.elementwise;
   for (const ir::Arg& a : node.args())  // channels-last has no meaning for a stacked tensor
     if (a.kind == ir::Arg::Kind::kMemoryFormat &&
         a.i >= static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))
@@ -186,7 +185,8 @@ void Executable::Lower() {
       // Resolve the kernel now, so a missing op fails at compile time.
       ins.view_kernel = ViewKernelFor(n->op());
       ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
-      ElementwiseRanks(*n, &ins.elementwise, &ins.element_rank);
+      ElementwiseRanks(*n, program_.TraitsAt(ins.node_index), &ins.elementwise,
+                       &ins.element_rank);
       const auto& schema_args = n->op()->args;
       for (size_t a = 0; a < n->args().size(); ++a) {
         const ir::Arg& arg = n->args()[a];
@@ -221,7 +221,7 @@ void Executable::Lower() {
       // statistics: one per device) nor for views (their copy is made after).
       if (!ins.view_kernel && std::find(ins.mutable_input.begin(), ins.mutable_input.end(),
                                         true) == ins.mutable_input.end())
-        ins.merge = MergeFactorsOf(*n);
+        ins.merge = MergeFactorsOf(*n, program_.TraitsAt(ins.node_index));
     }
     for (int o = 0; o < n->num_outputs(); ++o)
       ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
@@ -277,7 +277,8 @@ void Executable::Lower() {
   for (size_t i = 0; i < instructions_.size(); ++i) {
     Instruction& ins = instructions_[i];
     if (ins.random || WritesAnInput(ins)) continue;
-    ins.fold = FoldPlanOf(*ins.node, [&](int output, const std::vector<int>& axes) {
+    ins.fold = FoldPlanOf(*ins.node, program_.TraitsAt(ins.node_index),
+                          [&](int output, const std::vector<int>& axes) {
       return ReachesReduction(i, output, axes, readers, is_output);
     });
   }

@@ -89,7 +89,7 @@ class Executable {
     // A functionalized view (`x_copy`): the view op `x`, whose batching rule exists where the
     // copy's usually does not; the batched call clones its result.
     const c10::OperatorHandle* view_kernel = nullptr;
-    // Its rule says it is elementwise (partition/rules/rule.h): it runs directly on the stacked
+    // Its traits say it is elementwise (partition/op_traits.h): it runs directly on the stacked
     // rows when every input stacked over devices has `element_rank[input]` local dims (the
     // rank of the result it broadcasts into; -1: it must be the same on every device).
     bool elementwise = false;

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include "partition/rules/rule.h"
 
 namespace spmd::runtime {
 
@@ -10,13 +9,13 @@ namespace {
 
 // The plan folding factor f, or null.
 std::shared_ptr<const FoldPlan> PlanFor(
-    const ir::Node& node, const partition::ShardingRule& rule, int f,
+    const ir::Node& node, const partition::TraitFactor& factor,
     const std::function<bool(int, const std::vector<int>&)>& reaches_reduction) {
   std::vector<int> result_dim(node.num_outputs(), -2);
   std::optional<std::vector<int>> axes;  // of the summed results' pending reduction
   for (int o = 0; o < node.num_outputs(); ++o) {
     if (node.output(o).dtype == DType::kUndefined) continue;
-    const int d = partition::DimOfFactor(rule.results[o], f);
+    const int d = factor.result_dim[o];
     if (d == -2) return nullptr;
     const Sharding& layout = node.shardings()[o];
     const bool partial = layout.valid() && layout.IsPartial();
@@ -37,7 +36,7 @@ std::shared_ptr<const FoldPlan> PlanFor(
   std::vector<int> operand_dim(node.inputs().size());
   bool any = false;
   for (size_t i = 0; i < operand_dim.size(); ++i) {
-    operand_dim[i] = partition::DimOfFactor(rule.operands[i], f);
+    operand_dim[i] = factor.operand_dim[i];
     if (operand_dim[i] == -2) return nullptr;
     any |= operand_dim[i] >= 0;
   }
@@ -50,18 +49,14 @@ std::shared_ptr<const FoldPlan> PlanFor(
 }  // namespace
 
 std::shared_ptr<const FoldPlan> FoldPlanOf(
-    const ir::Node& node, const std::function<bool(int, const std::vector<int>&)>& reaches_reduction) {
+    const ir::Node& node, const partition::OpTraits& traits,
+    const std::function<bool(int, const std::vector<int>&)>& reaches_reduction) {
   if (node.op()->internal || node.shardings().size() != static_cast<size_t>(node.num_outputs()))
     return nullptr;
-  std::optional<partition::ShardingRule> rule = partition::GetRule(node);
-  if (!rule || rule->operands.size() != node.inputs().size() ||
-      rule->results.size() != static_cast<size_t>(node.num_outputs()))
-    return nullptr;
   // Any summed factor will do: by its `sums` property each gives the same results.
-  for (size_t f = 0; f < rule->factors.size(); ++f) {
-    const partition::Factor& factor = rule->factors[f];
-    if (factor.kind != partition::FactorKind::kReduction || !factor.sums) continue;
-    if (auto plan = PlanFor(node, *rule, static_cast<int>(f), reaches_reduction)) return plan;
+  for (const partition::TraitFactor& factor : traits.factors) {
+    if (factor.use != partition::TraitFactor::Use::kFold) continue;
+    if (auto plan = PlanFor(node, factor, reaches_reduction)) return plan;
   }
   return nullptr;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ir/node.h"
+#include "partition/op_traits.h"
 #include "runtime/stacked.h"
 
 namespace spmd::runtime {
@@ -25,12 +26,13 @@ struct FoldPlan {
   std::vector<int> result_dim;    // per node output: its dim of the factor, -1 summed, -2 none
 };
 
-// The plan for `node`, or null. `reaches_reduction(output, axes)`: whether that output reaches
+// The plan for `node` (a summing factor of its traits), or null. `reaches_reduction(output, axes)`: whether that output reaches
 // an all-reduce or reduce-scatter (sum) over exactly `axes` through views only, read nowhere
 // else. Every result without the factor must be partial over one set of axes A and reach such
 // a reduction; every result with it must be a plain dim of it.
 std::shared_ptr<const FoldPlan> FoldPlanOf(
-    const ir::Node& node, const std::function<bool(int, const std::vector<int>&)>& reaches_reduction);
+    const ir::Node& node, const partition::OpTraits& traits,
+    const std::function<bool(int, const std::vector<int>&)>& reaches_reduction);
 
 // The operands folded: per node input, [U, ...] over the U distinct groups (an operand that
 // lacks the factor: its one value per group), and the grouping. nullopt when an operand lacking

@@ -5,36 +5,27 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "partition/rules/rule.h"
-
 namespace spmd::runtime {
 
-MergeFactors MergeFactorsOf(const ir::Node& node) {
+MergeFactors MergeFactorsOf(const ir::Node& node, const partition::OpTraits& traits) {
   MergeFactors out;
-  std::optional<partition::ShardingRule> rule = partition::GetRule(node);
   // Shape-valued args (view sizes) would name the unmerged extent.
-  if (!rule || rule->local_args || rule->reads_extents ||
-      rule->operands.size() != node.inputs().size() ||
-      rule->results.size() != static_cast<size_t>(node.num_outputs()))
-    return out;
+  if (!traits.mergeable) return out;
   for (const ir::Arg& a : node.args())  // channels-last has no meaning for a merged tensor
     if (a.kind == ir::Arg::Kind::kMemoryFormat &&
         a.i >= static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))
       return out;
-  for (size_t f = 0; f < rule->factors.size(); ++f) {
-    const partition::Factor& factor = rule->factors[f];
-    if (factor.kind != partition::FactorKind::kPassThrough || factor.windowed) continue;
+  for (const partition::TraitFactor& factor : traits.factors) {
+    if (factor.use != partition::TraitFactor::Use::kMerge) continue;
     std::vector<int> outputs(node.num_outputs(), -1);
     bool in_every_result = true;
     for (int o = 0; o < node.num_outputs() && in_every_result; ++o) {
       if (node.output(o).dtype == DType::kUndefined) continue;
-      outputs[o] = partition::DimOfFactor(rule->results[o], static_cast<int>(f));
+      outputs[o] = factor.result_dim[o];
       in_every_result = outputs[o] >= 0;
     }
     if (!in_every_result) continue;
-    std::vector<int> inputs(node.inputs().size());
-    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = partition::DimOfFactor(rule->operands[i], static_cast<int>(f));
-    out.input_dim.push_back(std::move(inputs));
+    out.input_dim.push_back(factor.operand_dim);
     out.output_dim.push_back(std::move(outputs));
   }
   return out;

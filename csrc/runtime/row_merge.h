@@ -18,11 +18,12 @@
 #include <vector>
 
 #include "ir/node.h"
+#include "partition/op_traits.h"
 #include "runtime/stacked.h"
 
 namespace spmd::runtime {
 
-// What the op's rule offers, computed once per instruction.
+// What the op's traits offer (the compiler's, from its rule), computed once per instruction.
 struct MergeFactors {
   // Per candidate factor (a pass-through factor that is a plain dim of every result): for each
   // input the dim it is (-1: absent, -2: part of a compound dim), and for each result its dim.
@@ -30,7 +31,7 @@ struct MergeFactors {
   std::vector<std::vector<int>> output_dim;
   bool any() const { return !input_dim.empty(); }
 };
-MergeFactors MergeFactorsOf(const ir::Node& node);
+MergeFactors MergeFactorsOf(const ir::Node& node, const partition::OpTraits& traits);
 
 struct MergePlan {
   RowMapPtr map;              // the results' rows: every combination of the groups' rows

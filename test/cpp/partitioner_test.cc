@@ -394,3 +394,49 @@ TEST(ReshardTest, DroppingOneOfTwoAxesGathersOverThatAxisOnly) {
 
 }  // namespace
 }  // namespace spmd::partition
+
+namespace spmd::partition {
+namespace {
+
+// The program carries what each op's rule lets the executor do (op_traits.h), one entry per
+// node: the runtime reads these instead of the rules.
+TEST(PartitionerTest, ProgramCarriesEachOpsTraits) {
+  MeshPtr mesh = MakeMesh({4}, {"model"});
+  ir::Value x = Param(F32({8, 16}), Spec(mesh, {{}, {"model"}}));
+  ir::Value w = Param(F32({16, 32}), Spec(mesh, {{"model"}, {}}));
+  Program p = PartitionGraph(ir::BuildGraph({Relu(Mm(x, w))}), 4);
+  ASSERT_EQ(p.traits.size(), p.nodes.size());
+  int mms = 0, relus = 0;
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    const OpTraits& t = p.TraitsAt(i);
+    const std::string& op = p.nodes[i]->op()->qualified;
+    if (op == "aten::mm") {
+      ++mms;
+      EXPECT_FALSE(t.elementwise);
+      EXPECT_TRUE(t.mergeable);
+      ASSERT_EQ(t.factors.size(), 3u);  // m, n: merge along them; k: summed over, folds
+      int merge = 0, fold = 0;
+      for (const TraitFactor& f : t.factors) {
+        merge += f.use == TraitFactor::Use::kMerge;
+        fold += f.use == TraitFactor::Use::kFold;
+        if (f.use == TraitFactor::Use::kFold) {
+          EXPECT_EQ(f.operand_dim, std::vector<int>({1, 0}));  // x's columns, w's rows
+          EXPECT_EQ(f.result_dim, std::vector<int>({-1}));     // not in the result
+        }
+      }
+      EXPECT_EQ(merge, 2);
+      EXPECT_EQ(fold, 1);
+    } else if (op == "aten::relu") {
+      ++relus;
+      EXPECT_TRUE(t.elementwise);
+    } else if (p.nodes[i]->op()->internal) {
+      EXPECT_TRUE(t.factors.empty() && !t.elementwise) << op;  // collectives: no rule
+    }
+  }
+  EXPECT_EQ(mms, 1);
+  EXPECT_EQ(relus, 1);
+  EXPECT_TRUE(p.TraitsAt(p.nodes.size()).factors.empty());  // out of range: nothing
+}
+
+}  // namespace
+}  // namespace spmd::partition

@@ -67,3 +67,35 @@ def test_no_import_cycles():
         if m not in state:
             visit(m)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc")
+# Which C++ layers each layer may include (docs/architecture.md): a lower layer never includes
+# a higher one, and the runtime executes what the compiler hands it, reading no sharding rule.
+MAY_INCLUDE = {
+    "core": {"core"},
+    "sharding": {"core", "sharding"},
+    "ir": {"core", "sharding", "ir"},
+    "partition": {"core", "sharding", "ir", "partition"},
+    "runtime": {"core", "sharding", "ir", "partition", "runtime"},
+    "aten": {"core", "sharding", "ir", "partition", "runtime", "aten", "compat"},
+}
+
+
+def test_cpp_layers_include_only_layers_below_and_the_runtime_no_rules():
+    import re
+    bad, checked = [], 0
+    for layer, allowed in MAY_INCLUDE.items():
+        for d, _, files in os.walk(os.path.join(CSRC, layer)):
+            for f in files:
+                path = os.path.join(d, f)
+                for line in open(path):
+                    m = re.match(r'#include "([^/"]+)/([^"]+)"', line)
+                    if not m:
+                        continue
+                    target, checked = m.group(1), checked + 1
+                    if target not in allowed or (layer == "runtime" and
+                                                 m.group(2).startswith("rules/")):
+                        bad.append(f"{os.path.relpath(path, CSRC)}: {line.strip()}")
+    assert checked > 300, checked  # the walk found the sources
+    assert not bad, "includes against the layering:\n" + "\n".join(bad)

@@ -1,0 +1,40 @@
+// What a local op's sharding rule lets the executor do with it. The compiler derives these once
+// per op of a program (Program::traits) so that the runtime runs what it is handed without
+// consulting the rules itself: the rules stay the compiler's, their execution-relevant facts
+// travel in the program.
+#pragma once
+#include <vector>
+
+#include "ir/node.h"
+
+namespace spmd::partition {
+
+// One factor of the op's rule, as far as the executor may use it.
+struct TraitFactor {
+  enum class Use {
+    kNone,
+    // A pass-through factor, not windowed: the op on inputs whose rows are concatenated along
+    // it is the op on each row, side by side (runtime/row_merge.h).
+    kMerge,
+    // A reduction factor the op adds its terms up over (Factor::sums): the op on operands
+    // concatenated along it is the sum of the op on each part (runtime/fold.h).
+    kFold,
+  };
+  Use use = Use::kNone;
+  std::vector<int> operand_dim;  // per operand: its dim of this factor (-1: none, -2: compound)
+  std::vector<int> result_dim;   // per result, likewise
+};
+
+struct OpTraits {
+  bool elementwise = false;  // ShardingRule::elementwise: runs as it is on stacked operands
+  // Rows may be merged: the op has no shape-valued arguments to rewrite per device and does not
+  // read its operands' extents (ShardingRule::local_args, reads_extents).
+  bool mergeable = false;
+  // The rule's factors, when its operands and results match the node's (else empty).
+  std::vector<TraitFactor> factors;
+};
+
+// The traits of `node` (a local op of a program) from its rule; none for ops without one.
+OpTraits TraitsOf(const ir::Node& node);
+
+}  // namespace spmd::partition
