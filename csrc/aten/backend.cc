@@ -247,6 +247,11 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
     return k.original.callBoxed(op, ks, stack);
 
   if (k.kind == FixKind::kDetach) {
+    // Other devices' functional tensors (AOTAutograd tracing a CPU or CUDA model under
+    // torch.compile) keep torch's detach, an alias of self as its schema says: a copy there
+    // breaks the tracer's storage aliasing.
+    if (self.device().type() != c10::DeviceType::PrivateUse1)
+      return k.original.callBoxed(op, ks, stack);
     // A detach is metadata to the program the user wrote; what functionalization runs for it
     // (a sync, a detach_copy) is not shown to an active Python dispatch mode. Selective
     // activation checkpointing ignores aten.detach because checkpointing runs a different

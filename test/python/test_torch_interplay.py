@@ -182,3 +182,29 @@ def test_the_cuda_autograd_conflict_is_explained_and_other_errors_pass_through()
     x = torch.ones(3, device="spmd", requires_grad=True)
     (g,) = torch.autograd.grad((x * 2).sum(), x)
     assert torch.equal(g.cpu(), torch.full((3,), 2.0))
+
+
+def test_torch_compile_of_other_devices_models_is_unaffected():
+    # torch_spmd's global module hooks and its functionalization fixes must not reach models of
+    # other devices that users compile: dynamo traced the hooks' weak-reference stack ("... is
+    # already tracked for mutation"), and AOTAutograd's detach came back as a copy instead of
+    # an alias ("Attempted to set the storage of a tensor on device meta ...").
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    compiled = torch.compile(model, backend="aot_eager")
+    y = compiled(x)
+    y.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = model(x)
+    expected.sum().backward()
+    torch.testing.assert_close(y, expected)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    torch._dynamo.reset()

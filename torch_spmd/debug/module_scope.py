@@ -67,7 +67,17 @@ def _set(path: str) -> None:
     _C._set_scope(path)
 
 
+# The hooks are global, so dynamo traces them into every torch.compile'd module (any device),
+# and tracing the stack of weak references to running modules fails there ("... is already
+# tracked for mutation"). Under compilation they do nothing: dynamo reads
+# torch.compiler.is_compiling() as True and drops the hook's body from the graph, and what runs
+# compiled records no ops on the spmd device to attribute.
+_compiling = torch.compiler.is_compiling
+
+
 def _pre_forward(module, args):
+    if _compiling():
+        return
     stack = _stack()
     path = _path_of(module, stack[-1] if stack else None)
     _names[module] = path
@@ -77,6 +87,8 @@ def _pre_forward(module, args):
 
 def _post_forward(module, args, output):
     # Runs when the forward raised too (always_call): the stack never keeps a failed module.
+    if _compiling():
+        return
     stack = _stack()
     while stack and stack[-1][0]() is not module and any(r() is module for r, _ in stack):
         stack.pop()
@@ -86,10 +98,13 @@ def _post_forward(module, args, output):
 
 
 def _pre_step(optimizer, args, kwargs):
-    _set("optimizer")
+    if not _compiling():
+        _set("optimizer")
 
 
 def _post_step(optimizer, args, kwargs):
+    if _compiling():
+        return
     stack = _stack()
     _set(stack[-1][1] if stack else "")
 
