@@ -344,13 +344,17 @@ class XLAShardedTensor(DTensor):
 
     @property
     def placements(self) -> tuple:
-        """The DTensor placements of the annotation (see ``_spec``); ValueError without one."""
+        """The DTensor placements of the annotation (see ``_spec``, whose cache they share);
+        ValueError without one."""
         if self.mesh_shape is None or self.partition_spec is None:
             raise ValueError(
                 "Placements not available: XLAShardedTensor requires mesh_shape and "
                 "partition_spec to be set. Use mark_sharding() to properly initialize sharding "
                 "information.")
-        return self._placements_and_order()[0]
+        try:
+            return self._spec.placements  # cached with the spec, as PyTorch/XLA caches it
+        except NotImplementedError:  # torch 2.6: no shard_order for out-of-order mesh axes
+            return self._placements_and_order()[0]
 
     def invalidate_spec_cache(self) -> None:
         """Forgets the cached ``_spec`` (after the annotation changed)."""
