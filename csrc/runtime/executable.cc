@@ -168,70 +168,81 @@ void Executable::Lower() {
   for (const ir::Value& v : program_.outputs) output_slots_.push_back(slot_of(v));
 
   const ir::OpInfo* data_op = ir::InternalOps::Get().device_data;
-  for (const ir::NodePtr& n : program_.nodes) {
-    if (n->op() == data_op) continue;
-    Instruction ins;
-    ins.node = n.get();
-    ins.node_index = static_cast<int>(&n - program_.nodes.data());
-    for (const ir::Value& v : n->inputs()) ins.inputs.push_back(slot_of(v));
-    for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(first_slot.at(n.get()) + o);
-    ins.mutable_input.assign(n->inputs().size(), false);
-    if (n->op()->internal) {
-      ins.internal_kernel = FindInternalKernel(n->op()->qualified);
-      ins.stacked_kernel = FindStackedKernel(n->op()->qualified);
-      SPMD_CHECK(ins.internal_kernel || ins.stacked_kernel, "no runtime kernel for ",
-                 n->op()->qualified);
-    } else {
-      // Resolve the kernel now, so a missing op fails at compile time.
-      ins.view_kernel = ViewKernelFor(n->op());
-      ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
-      ElementwiseRanks(*n, program_.TraitsAt(ins.node_index), &ins.elementwise,
-                       &ins.element_rank);
-      const auto& schema_args = n->op()->args;
-      for (size_t a = 0; a < n->args().size(); ++a) {
-        const ir::Arg& arg = n->args()[a];
-        int pos = static_cast<int>(a);
-        using K = ir::Arg::Kind;
-        if (a >= schema_args.size()) {
-          // The seed the recorder appended for a random op without a Generator argument.
-          SPMD_CHECK(arg.dynamic, "unexpected extra argument of ", n->op()->qualified);
-          SPMD_CHECK(arg.slot >= 0, "internal error: run-time seed without a slot in ",
-                     n->op()->qualified);
-          ins.default_generator_seed = arg.slot;
-          ins.random = true;
-          continue;
-        }
-        if (arg.kind == K::kTensor) {
-          ins.tensor_args.emplace_back(pos, static_cast<int>(arg.i));
-          if (a < schema_args.size() && schema_args[a].is_write) ins.mutable_input[arg.i] = true;
-        } else if (arg.kind == K::kTensorList || arg.kind == K::kOptTensorList) {
-          ins.list_args.push_back({pos, arg.ints, arg.kind == K::kOptTensorList});
-        } else if (arg.dynamic) {
-          SPMD_CHECK(arg.slot >= 0, "internal error: run-time scalar without a slot in ",
-                     n->op()->qualified);
-          bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
-          const int list_size =
-              arg.kind == K::kScalarList ? static_cast<int>(arg.doubles.size()) : -1;
-          ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator, list_size});
-          ins.random |= generator;
-        }
-        ins.stack.push_back(ConstantIValue(arg));
-      }
-      // Merging device rows into a dim: not for ops that write an input (batch norm's running
-      // statistics: one per device) nor for views (their copy is made after).
-      if (!ins.view_kernel && std::find(ins.mutable_input.begin(), ins.mutable_input.end(),
-                                        true) == ins.mutable_input.end())
-        ins.merge = MergeFactorsOf(*n, program_.TraitsAt(ins.node_index));
-    }
-    for (int o = 0; o < n->num_outputs(); ++o)
-      ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
-    instructions_.push_back(std::move(ins));
-  }
+  for (const ir::NodePtr& n : program_.nodes)
+    if (n->op() != data_op) instructions_.push_back(LowerNode(n, slot_of));
 
   unbatchable_.reset(new std::atomic<bool>[instructions_.size()]);
   for (size_t i = 0; i < instructions_.size(); ++i) unbatchable_[i] = false;
 
-  // Liveness: free each slot right after its last reader, unless it is a program output.
+  const std::vector<int> last_use = PlanLiveness();
+  PlanViews(last_use);
+  PlanFolds();
+}
+
+// One node as an instruction: its slots, its kernel (resolved now, so that a missing op fails
+// at compile time) and, for an ATen op, its prebuilt argument stack.
+Executable::Instruction Executable::LowerNode(const ir::NodePtr& n,
+                                              const std::function<int(const ir::Value&)>& slot_of) {
+  Instruction ins;
+  ins.node = n.get();
+  ins.node_index = static_cast<int>(&n - program_.nodes.data());
+  for (const ir::Value& v : n->inputs()) ins.inputs.push_back(slot_of(v));
+  for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(slot_of(ir::Value{n, o}));
+  ins.mutable_input.assign(n->inputs().size(), false);
+  if (n->op()->internal) {
+    ins.internal_kernel = FindInternalKernel(n->op()->qualified);
+    ins.stacked_kernel = FindStackedKernel(n->op()->qualified);
+    SPMD_CHECK(ins.internal_kernel || ins.stacked_kernel, "no runtime kernel for ",
+               n->op()->qualified);
+  } else {
+    ins.view_kernel = ViewKernelFor(n->op());
+    ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
+    ElementwiseRanks(*n, program_.TraitsAt(ins.node_index), &ins.elementwise,
+                     &ins.element_rank);
+    const auto& schema_args = n->op()->args;
+    for (size_t a = 0; a < n->args().size(); ++a) {
+      const ir::Arg& arg = n->args()[a];
+      int pos = static_cast<int>(a);
+      using K = ir::Arg::Kind;
+      if (a >= schema_args.size()) {
+        // The seed the recorder appended for a random op without a Generator argument.
+        SPMD_CHECK(arg.dynamic, "unexpected extra argument of ", n->op()->qualified);
+        SPMD_CHECK(arg.slot >= 0, "internal error: run-time seed without a slot in ",
+                   n->op()->qualified);
+        ins.default_generator_seed = arg.slot;
+        ins.random = true;
+        continue;
+      }
+      if (arg.kind == K::kTensor) {
+        ins.tensor_args.emplace_back(pos, static_cast<int>(arg.i));
+        if (a < schema_args.size() && schema_args[a].is_write) ins.mutable_input[arg.i] = true;
+      } else if (arg.kind == K::kTensorList || arg.kind == K::kOptTensorList) {
+        ins.list_args.push_back({pos, arg.ints, arg.kind == K::kOptTensorList});
+      } else if (arg.dynamic) {
+        SPMD_CHECK(arg.slot >= 0, "internal error: run-time scalar without a slot in ",
+                   n->op()->qualified);
+        bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
+        const int list_size =
+            arg.kind == K::kScalarList ? static_cast<int>(arg.doubles.size()) : -1;
+        ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator, list_size});
+        ins.random |= generator;
+      }
+      ins.stack.push_back(ConstantIValue(arg));
+    }
+    // Merging device rows into a dim: not for ops that write an input (batch norm's running
+    // statistics: one per device) nor for views (their copy is made after).
+    if (!ins.view_kernel && std::find(ins.mutable_input.begin(), ins.mutable_input.end(),
+                                      true) == ins.mutable_input.end())
+      ins.merge = MergeFactorsOf(*n, program_.TraitsAt(ins.node_index));
+  }
+  for (int o = 0; o < n->num_outputs(); ++o)
+    ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
+  return ins;
+}
+
+// Frees each slot right after its last reader (outputs never); returns each slot's last
+// reader (-2: a program output, -1: never read).
+std::vector<int> Executable::PlanLiveness() {
   std::vector<int> last_use(num_slots_, -1);
   for (size_t i = 0; i < instructions_.size(); ++i)
     for (int s : instructions_[i].inputs) last_use[s] = static_cast<int>(i);
@@ -242,7 +253,10 @@ void Executable::Lower() {
   for (auto& ins : instructions_)
     for (int s : ins.outputs)
       if (last_use[s] == -1) ins.free_after.push_back(s);
+  return last_use;
+}
 
+void Executable::PlanViews(const std::vector<int>& last_use) {
   // Zero-copy views (view_aliasing.h). A strided (permuted) result must stay inside the
   // program and reach only kernels that accept any strides.
   std::vector<bool> strided_ok(num_slots_, true);
@@ -267,7 +281,10 @@ void Executable::Lower() {
     ins.share_input = ins.alias != ViewAlias::kNone && last_use[view] >= 0 &&
                       (last_use[base] == -2 || last_use[view] <= last_use[base]);
   }
+}
 
+// Contractions whose summed results meet their reduction (fold.h).
+void Executable::PlanFolds() {
   std::vector<std::vector<int>> readers(num_slots_);
   for (size_t i = 0; i < instructions_.size(); ++i)
     for (int s : instructions_[i].inputs)

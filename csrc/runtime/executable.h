@@ -6,6 +6,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -116,7 +117,12 @@ class Executable {
     std::vector<bool> batched;
   };
 
+  // Lowering the program into instructions, in steps.
   void Lower();
+  Instruction LowerNode(const ir::NodePtr& n, const std::function<int(const ir::Value&)>& slot_of);
+  std::vector<int> PlanLiveness();
+  void PlanViews(const std::vector<int>& last_use);
+  void PlanFolds();
   static bool WritesAnInput(const Instruction& ins);
   // Whether output `output` of instruction `index` reaches an all-reduce or reduce-scatter
   // (sum) over exactly `axes` through views only, each read once.
