@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from plan_fidelity import MegatronOptimizer, Run, _decoder, warm_up  # noqa: E402
+from plan_fidelity import Run, _decoder, make_optimizer, micro_step, warm_up  # noqa: E402
 
 
 def _run(name, style, layers, hidden, heads, ffn, seq, batch, remat="none", fused=True,
@@ -70,19 +70,15 @@ def _kernel_class(name: str) -> str:
 
 
 def _step_fn(r: Run, device: str):
+    """The step plan_fidelity plans for a run of one micro-step, on `device`."""
     import torch
-    import torch.nn.functional as F
     model = _decoder(r, device)
-    params = list(model.parameters())
-    opt = (MegatronOptimizer(params) if r.style == "gpt" else
-           torch.optim.AdamW(params, lr=1e-4, foreach=True))
-    warm_up(opt, params)
+    opt = make_optimizer(r, model.parameters())
+    warm_up(opt, list(model.parameters()))
     idx = torch.randint(0, r.vocab, (r.micro_batch, r.seq), device=device)
 
     def step():
-        logits = model(idx)
-        loss = F.cross_entropy(logits.float().reshape(-1, r.vocab), idx.reshape(-1))
-        loss.backward()
+        micro_step(r, model, idx)
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step

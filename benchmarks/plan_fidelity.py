@@ -310,6 +310,21 @@ class MegatronOptimizer:
             p.grad = None
 
 
+def make_optimizer(r: Run, params):
+    """The run's optimizer: Megatron's (GPT style) or fp32 AdamW (MaxText, Llama style)."""
+    import torch
+    params = list(params)
+    return (MegatronOptimizer(params) if r.style == "gpt" else
+            torch.optim.AdamW(params, lr=1e-4, foreach=True))
+
+
+def micro_step(r: Run, model, idx):
+    """One micro-step: forward, the LM loss in fp32 on the ids as targets, backward."""
+    import torch.nn.functional as F
+    logits = model(idx)
+    F.cross_entropy(logits.float().reshape(-1, r.vocab), idx.reshape(-1)).backward()
+
+
 def warm_up(opt, params):
     """The optimizer's state as after its first step (a planned iteration is a steady-state
     one, not the first, which also creates the state)."""
@@ -359,7 +374,6 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
     their reports' numbers."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
     import torch_spmd.core.xla_model as xm
     import torch_spmd.distributed.spmd as xs
     import torch_spmd.plan as plan
@@ -373,17 +387,11 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
         mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
         model = _decoder(r)
         _shard(model, r, mesh)
-        opt = (MegatronOptimizer(model.parameters()) if r.style == "gpt" else
-               torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True))
+        opt = make_optimizer(r, model.parameters())
         warm_up(opt, list(model.parameters()))
         xm.mark_step()
         idx = torch.zeros(r.micro_batch * r.dp, r.seq, dtype=torch.long, device="spmd")
         xs.mark_sharding(idx, mesh, (("data", "fsdp"), None))
-
-        def micro_step():
-            logits = model(idx)
-            loss = F.cross_entropy(logits.float().reshape(-1, r.vocab), idx.reshape(-1))
-            loss.backward()
 
         def report():
             d = p.report().as_dict()
@@ -391,10 +399,10 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
 
         if need_micro:
             with xr.defer_output_reductions():
-                micro_step()
+                micro_step(r, model, idx)
                 xm.mark_step()
             out["micro"] = report()
-        micro_step()
+        micro_step(r, model, idx)
         opt.step()
         opt.zero_grad(set_to_none=True)
         xm.mark_step()
