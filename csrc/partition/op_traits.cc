@@ -10,6 +10,7 @@ OpTraits TraitsOf(const ir::Node& node) {
   if (!rule) return traits;
   traits.elementwise = rule->elementwise;
   traits.mergeable = !rule->local_args && !rule->reads_extents;
+  traits.additive = rule->additive;
   if (rule->operands.size() != node.inputs().size() ||
       rule->results.size() != static_cast<size_t>(node.num_outputs()))
     return traits;

@@ -30,6 +30,9 @@ struct OpTraits {
   // Rows may be merged: the op has no shape-valued arguments to rewrite per device and does not
   // read its operands' extents (ShardingRule::local_args, reads_extents).
   bool mergeable = false;
+  // ShardingRule::additive: op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) over all its tensor
+  // operands together (add, sub), so a sum over devices may be taken before it as well as after.
+  bool additive = false;
   // The rule's factors, when its operands and results match the node's (else empty).
   std::vector<TraitFactor> factors;
 };

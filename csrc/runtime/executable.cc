@@ -298,6 +298,17 @@ void Executable::PlanFolds() {
                           [&](int output, const std::vector<int>& axes) {
       return ReachesReduction(i, output, axes, readers, is_output);
     });
+    if (!ins.fold) continue;
+    // The additive ops on the way compute on group sums when the fold happens.
+    auto groups = std::make_shared<const MeshGroups>(ins.fold->groups);
+    for (size_t o = 0; o < ins.fold->result_dim.size(); ++o) {
+      if (ins.fold->result_dim[o] != -1) continue;
+      const Sharding& layout = ins.node->shardings()[o];
+      std::vector<int> axes(layout.partial_axes().begin(), layout.partial_axes().end());
+      std::vector<size_t> additive;
+      ReachesReduction(i, static_cast<int>(o), axes, readers, is_output, &additive);
+      for (size_t a : additive) instructions_[a].sums_over = groups;
+    }
   }
 }
 
@@ -631,6 +642,11 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
       tiles[d] = tile;
     }
   }
+  if (ins.sums_over && std::any_of(inputs.begin(), inputs.end(),
+                                   [](const Stacked* in) { return in->summed; })) {
+    StoreResults(ins, RunOnGroupSums(ins, inputs, scalars), slots);
+    return;
+  }
   if (ins.fold)
     if (std::optional<std::vector<Stacked>> folded = RunFolded(ins, inputs, scalars)) {
       StoreResults(ins, std::move(*folded), slots);
@@ -682,10 +698,12 @@ void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& s
 
 bool Executable::ReachesReduction(size_t index, int output, const std::vector<int>& axes,
                                   const std::vector<std::vector<int>>& readers,
-                                  const std::vector<bool>& is_output) const {
+                                  const std::vector<bool>& is_output,
+                                  std::vector<size_t>* additive) const {
   int slot = instructions_[index].outputs[output];
   while (!is_output[slot] && readers[slot].size() == 1) {
-    const Instruction& next = instructions_[readers[slot][0]];
+    const size_t reader = readers[slot][0];
+    const Instruction& next = instructions_[reader];
     if (next.node->op()->internal) {
       const ir::InternalOps& ops = ir::InternalOps::Get();
       if (next.node->op() != ops.all_reduce && next.node->op() != ops.reduce_scatter)
@@ -695,10 +713,75 @@ bool Executable::ReachesReduction(size_t index, int output, const std::vector<in
       std::sort(reduced.begin(), reduced.end());
       return attrs.op == ReduceOp::kSum && next.stacked_kernel && reduced == axes;
     }
-    if (next.alias == ViewAlias::kNone) return false;
+    if (next.alias == ViewAlias::kNone && !PassesGroupSums(next, axes)) return false;
+    if (next.alias == ViewAlias::kNone && additive) additive->push_back(reader);
     slot = next.outputs[0];
   }
   return false;
+}
+
+bool Executable::PassesGroupSums(const Instruction& ins, const std::vector<int>& axes) const {
+  if (!program_.TraitsAt(ins.node_index).additive || ins.outputs.size() != 1 || ins.random ||
+      WritesAnInput(ins) || ins.node->shardings().size() != 1)
+    return false;
+  const Sharding& layout = ins.node->shardings()[0];
+  if (!layout.valid() || !layout.IsPartial() || layout.partial_op() != ReduceOp::kSum)
+    return false;
+  std::vector<int> pending(layout.partial_axes().begin(), layout.partial_axes().end());
+  std::sort(pending.begin(), pending.end());
+  return pending == axes;
+}
+
+std::vector<Stacked> Executable::RunOnGroupSums(const Instruction& ins,
+                                                const std::vector<const Stacked*>& inputs,
+                                                const std::vector<ir::ScalarValue>& scalars) const {
+  Grouped g = ByGroup(inputs, *ins.sums_over);
+  const int64_t n = g.group_map->num_devices(), k = ins.sums_over->group_size();
+  std::vector<at::Tensor> sums(inputs.size());  // per operand, [U, ...]
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = g.rows[i];  // [U, k, ...]
+    if (inputs[i]->summed) sums[i] = t.select(1, 0);  // each member holds the group's sum
+    else if (t.size(1) == 1 || t.stride(1) == 0) sums[i] = t.select(1, 0) * k;
+    else sums[i] = t.sum(1);
+  }
+  std::vector<at::Tensor> per_group;  // per result, [U, ...]
+  if (g.group_map->rows == 1) {
+    std::vector<at::Tensor> args(sums.size());
+    for (size_t i = 0; i < sums.size(); ++i) args[i] = sums[i].select(0, 0);
+    for (at::Tensor& out : CallKernel(ins, std::move(args), scalars, 0))
+      per_group.push_back(out.defined() ? out.unsqueeze(0) : out);
+  } else {
+    std::vector<Stacked> stacks(sums.size());
+    std::vector<const Stacked*> per_operand(sums.size());
+    for (size_t i = 0; i < sums.size(); ++i) {
+      stacks[i] = Stacked{sums[i], g.group_map};
+      per_operand[i] = &stacks[i];
+    }
+    std::optional<std::vector<Stacked>> out = RunBatched(ins, per_operand, scalars);
+    std::vector<Stacked> results =
+        out ? std::move(*out) : RunPerRow(ins, Align(per_operand, nullptr), scalars, nullptr);
+    for (Stacked& r : results) {
+      if (!r.defined()) {
+        per_group.emplace_back();
+      } else if (r.replicated()) {  // alike in every group
+        std::vector<int64_t> shape = r.rows.sizes().vec();
+        shape[0] = g.group_map->rows;
+        per_group.push_back(r.rows.expand(shape));
+      } else {
+        SPMD_CHECK(SameMap(r.map, g.group_map), "internal error: ", ins.node->op()->qualified,
+                   " on group sums returned rows of another grouping");
+        per_group.push_back(r.rows);
+      }
+    }
+  }
+  std::vector<Stacked> results(per_group.size());
+  for (size_t o = 0; o < per_group.size(); ++o) {
+    if (!per_group[o].defined()) continue;
+    results[o] = Stacked{per_group[o], g.group_map};
+    results[o].summed = true;
+  }
+  Count("GroupSumOps");
+  return results;
 }
 
 std::optional<std::vector<Stacked>> Executable::RunFolded(

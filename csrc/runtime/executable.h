@@ -100,6 +100,9 @@ class Executable {
     MergeFactors merge;
     // A folded contraction (fold.h): its summed results are computed summed.
     std::shared_ptr<const FoldPlan> fold;
+    // An additive op (add, sub) between a folded contraction and its reduction, over these
+    // groups: with a summed operand it runs once per group on the group sums (RunOnGroupSums).
+    std::shared_ptr<const MeshGroups> sums_over;
     const InternalKernel* internal_kernel = nullptr;  // spmd:: and xm:: ops
     const StackedKernel* stacked_kernel = nullptr;    // spmd:: ops: preferred
   };
@@ -125,15 +128,25 @@ class Executable {
   void PlanFolds();
   static bool WritesAnInput(const Instruction& ins);
   // Whether output `output` of instruction `index` reaches an all-reduce or reduce-scatter
-  // (sum) over exactly `axes` through views only, each read once.
+  // (sum) over exactly `axes` through views and additive ops, each read once. `additive`
+  // (optional) receives the additive ops on the way.
   bool ReachesReduction(size_t index, int output, const std::vector<int>& axes,
                         const std::vector<std::vector<int>>& readers,
-                        const std::vector<bool>& is_output) const;
+                        const std::vector<bool>& is_output,
+                        std::vector<size_t>* additive = nullptr) const;
   // nullopt: this run's inputs do not fold (an operand the factor's tiles do not cover differs
   // between the members of a group); the op then runs as any other.
   std::optional<std::vector<Stacked>> RunFolded(const Instruction& ins,
                                                 const std::vector<const Stacked*>& inputs,
                                                 const std::vector<ir::ScalarValue>& scalars) const;
+  // Whether `ins` is an additive op whose pending sum is over exactly `axes` (sorted).
+  bool PassesGroupSums(const Instruction& ins, const std::vector<int>& axes) const;
+  // An additive op (Instruction::sums_over) reading a summed value: per group, the op on the
+  // group's sums of its operands (a summed operand as it is, any other summed over the
+  // members), itself summed: sum_i op(a_i, b_i) = op(sum_i a_i, sum_i b_i).
+  std::vector<Stacked> RunOnGroupSums(const Instruction& ins,
+                                      const std::vector<const Stacked*>& inputs,
+                                      const std::vector<ir::ScalarValue>& scalars) const;
   static const Stacked& StackIn(SlotValue& value);
   Aligned Align(const std::vector<const Stacked*>& inputs, const std::vector<int64_t>* tiles) const;
   // One kernel call on `args` (one tensor per node input): the results, one per node output

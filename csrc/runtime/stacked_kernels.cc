@@ -12,6 +12,7 @@
 // which test/python/test_collectives.py holds both to.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -20,6 +21,7 @@
 #include "ir/internal_ops.h"
 #include "runtime/collectives.h"
 #include "runtime/internal_kernels.h"
+#include "runtime/stacked.h"
 #include "runtime/tile_ops.h"
 
 namespace spmd::runtime {
@@ -168,8 +170,10 @@ std::vector<Stacked> CollectivePermute(const Call& c) {
 }
 
 // A result that depends on the input row and on the device's member index: one row per
-// distinct (input row, member index), computed by fn(input rows in that order, member index
-// per row).
+// distinct (input row, member index), computed by fn(input rows, the input row of each result
+// row, the member index of each result row). The input rows are passed as they are (not one
+// copy per result row: slicing a replicated value over 64 members must not first copy it 64
+// times).
 template <typename Fn>
 Stacked PerMember(const Call& c, Fn fn) {
   const int64_t n = c.x.map->num_devices();
@@ -180,9 +184,24 @@ Stacked PerMember(const Call& c, Fn fn) {
   }
   std::vector<int64_t> first_device;
   RowMapPtr map = MapOfKeys(keys, 2, &first_device);
-  std::vector<int64_t> member(map->rows);
-  for (int64_t r = 0; r < map->rows; ++r) member[r] = c.groups.IndexOf(first_device[r]);
-  return Stacked{fn(RowsFor(c.x, *map, first_device), member), map};
+  std::vector<int64_t> source(map->rows), member(map->rows);
+  for (int64_t r = 0; r < map->rows; ++r) {
+    source[r] = c.x.map->row_of[first_device[r]];
+    member[r] = c.groups.IndexOf(first_device[r]);
+  }
+  return Stacked{fn(c.x.rows, source, member), map};
+}
+
+// t[source[r], member[r]] for each r, stacked ([R, ...] of t [S, k, ...]): from one source row
+// an index_select of its members (the identity among them: a view), else a gather.
+at::Tensor PickTiles(const at::Tensor& t, const std::vector<int64_t>& source,
+                     const std::vector<int64_t>& member) {
+  const bool one_source =
+      std::all_of(source.begin(), source.end(), [&](int64_t s) { return s == source[0]; });
+  if (!one_source)
+    return t.index({at::tensor(source, at::kLong), at::tensor(member, at::kLong)});
+  at::Tensor tiles = t.select(0, source[0]);  // [k, ...]
+  return SelectRows(tiles, member).contiguous();
 }
 
 std::vector<Stacked> ShardSlice(const Call& c) {
@@ -191,13 +210,14 @@ std::vector<Stacked> ShardSlice(const Call& c) {
   SPMD_CHECK_VALUE(dim >= 0 && dim < c.shard.dim() && c.shard.size(dim) == tiling.extent,
                    c.node.op()->qualified, ": each device's input must have extent ",
                    tiling.extent, " on dim ", dim, ", got ", c.shard.sizes());
-  return {PerMember(c, [&](const at::Tensor& rows, const std::vector<int64_t>& member) {
-    // Row r's dim cut into member tiles ([R, k, ..., s, ...], a view), then tile member[r].
+  return {PerMember(c, [&](const at::Tensor& rows, const std::vector<int64_t>& source,
+                           const std::vector<int64_t>& member) {
+    // Each input row's dim cut into member tiles ([S, k, ..., s, ...], a view), then for result
+    // row r tile member[r] of input row source[r].
     at::Tensor tiles = PadTo(rows, dim + 1, tiling.tile_size * tiling.count)
                            .unflatten(dim + 1, {tiling.count, tiling.tile_size})
                            .movedim(dim + 1, 1);
-    const int64_t num_rows = static_cast<int64_t>(member.size());
-    return tiles.index({at::arange(num_rows, at::kLong), at::tensor(member, at::kLong)});
+    return PickTiles(tiles, source, member);
   })};
 }
 
@@ -209,7 +229,9 @@ std::vector<Stacked> MaskPad(const Call& c) {
                    c.node.op()->qualified, ": each device's input must have extent ",
                    tiling.tile_size, " on dim ", dim, ", got ", c.shard.sizes());
   if (tiling.IsEven()) return {c.x};  // no padding: the input is already the result
-  return {PerMember(c, [&](const at::Tensor& rows, const std::vector<int64_t>& member) {
+  return {PerMember(c, [&](const at::Tensor& input_rows, const std::vector<int64_t>& source,
+                           const std::vector<int64_t>& member) {
+    const at::Tensor rows = SelectRows(input_rows, source);
     // pad[r, p] = position p of the dim is padding in row r's tile.
     std::vector<int64_t> valid(member.size());
     for (size_t r = 0; r < member.size(); ++r) valid[r] = tiling.Length(member[r]);

@@ -68,6 +68,54 @@ def test_folded_contraction_into_reduce_scatter_equals_cpu():
     assert c.get("FoldedContractions", 0) == 1, c
 
 
+@pytest.mark.parametrize("shape,specs,out_spec", [
+    # Megatron row-parallel linear with a bias: k over 'model', all-reduced.
+    ((4, 2), [("data", "model"), (None, "model"), None], None),
+    # k over all 8 devices, uneven (10 cut 8 ways), into a reduce-scatter of the result.
+    ((8,), [(None, "x"), (None, "x"), None], ("x", None)),
+])
+def test_row_parallel_linear_with_bias_folds_through_the_bias_add(shape, specs, out_spec):
+    # addmm with a sharded contraction is mm + add(bias / n): the partial sum passes the add.
+    # Folded, the mm runs once per group on the group's whole contraction and the add once
+    # per group on the group sums (the bias share summed over the members: the bias once).
+    mesh = mesh_of(shape)
+    k = 10 if out_spec else 8
+
+    def fn(x, w, b):
+        y = torch.nn.functional.linear(x, w, b)
+        return constrain(y, out_spec) if out_spec else y
+
+    _, c = counters(lambda: check(fn, [T(12, k, seed=20), T(5, k, seed=21), T(5, seed=22)],
+                                  specs, mesh))
+    assert c.get("FoldedContractions", 0) == 1, c
+    assert c.get("GroupSumOps", 0) == 1, c
+
+
+def test_sum_of_two_partial_contractions_folds_both():
+    # x1 @ w1 + x2 @ w2 with both contractions sharded over 'x': one pending sum passes the
+    # add; each mm folds and the add runs on the two group sums.
+    mesh = mesh_of((8,))
+    _, c = counters(lambda: check(lambda a, b, p, q: a @ b + p @ q,
+                                  [T(6, 16, seed=23), T(16, 4, seed=24), T(6, 8, seed=25),
+                                   T(8, 4, seed=26)],
+                                  [(None, "x"), ("x", None), (None, "x"), ("x", None)], mesh,
+                                  fwd=[("all-reduce", ("x",))]))
+    assert c.get("FoldedContractions", 0) == 2, c
+    assert c.get("GroupSumOps", 0) == 1, c
+
+
+def test_partial_sum_that_does_not_fold_is_summed_over_the_members_at_the_add():
+    # x @ w folds; y.mean(0) (a rescaled partial, never folded) reaches the same add with one
+    # partial value per member, which the add sums over each group itself.
+    mesh = mesh_of((8,))
+    _, c = counters(lambda: check(lambda x, w, y: x @ w + y.mean(0),
+                                  [T(6, 16, seed=27), T(16, 4, seed=28), T(16, 6, 4, seed=29)],
+                                  [(None, "x"), ("x", None), ("x", None, None)], mesh,
+                                  fwd=[("all-reduce", ("x",))]))
+    assert c.get("FoldedContractions", 0) == 1, c
+    assert c.get("GroupSumOps", 0) == 1, c
+
+
 def test_sum_over_a_sharded_dim_folds_and_mean_does_not():
     mesh = mesh_of((8,))
     _, c = counters(lambda: check(lambda x: x.sum(0), [T(16, 5, seed=7)], [("x", None)], mesh))
