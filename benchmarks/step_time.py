@@ -1,10 +1,11 @@
 """Step-time benchmark (issue 11): seconds per training step of one GPT, side by side in one
-run, on CPU eager, on the spmd device (1 device; 8 devices data parallel, FSDP and 2-D),
-against 8 gloo DistributedDataParallel processes and JAX with 8 host devices; plus a
+run, on CPU eager, on the spmd device (1 device; 8 and 64 devices data parallel, FSDP, 2-D
+and Megatron tensor parallel), against 8 gloo DistributedDataParallel processes and JAX with 8
+host devices; plus a
 matmul-bound size on 8-device data parallel as a fraction of the host's fp32 matmul peak.
 
 Model: benchmarks/bench_model.py's GPT (4 layers, d=128, 4 heads, seq 64, vocab 256), global
-batch 32, Adam (lr 1e-3). Every row starts from the same initialization (torch.manual_seed(0))
+batch 64, Adam (lr 1e-3). Every row starts from the same initialization (torch.manual_seed(0))
 and reads the same token batches, so each row's first losses are checked against CPU eager
 (a wrong configuration cannot produce a fast number). Time per step: from the host batch to
 the step's loss on the host (transfer, forward, backward, optimizer, mark_step, loss.item());
@@ -19,7 +20,7 @@ a ratio to an eager run minutes away mostly measured the drift). The eager row's
 median of all its runs.
   - CPU eager and every spmd row: torch.set_num_threads(--threads, default: this process's
     cores); spmd rows set SPMD_NUM_DEVICES and SPMD_NUM_THREADS.
-  - gloo DDP: 8 processes on 127.0.0.1, 1 intra-op thread and batch 4 each; rank 0's median,
+  - gloo DDP: 8 processes on 127.0.0.1, 1 intra-op thread and an eighth of the batch each; rank 0's median,
     with a barrier before each step; first losses are the all-reduced means (warm-up steps).
   - JAX: benchmarks/step_time_jax.py in a throw-away venv (--jax-venv, created with the
     python3 first on PATH and `pip install jax` when it has no jax; never a dependency of this
@@ -55,7 +56,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_model import GPT, GPTConfig, sharding_plan, spmd_train_step  # noqa: E402
 
-CFG = GPTConfig(layers=4, dim=128, heads=4, seq=64, vocab=256, batch=32)
+CFG = GPTConfig(layers=4, dim=128, heads=4, seq=64, vocab=256, batch=64)
 BIG_CFG = GPTConfig(layers=2, dim=1024, heads=8, seq=64, vocab=256, batch=16)
 QUICK_CFG = GPTConfig(layers=2, dim=32, heads=2, seq=16, vocab=64, batch=16)
 QUICK_BIG_CFG = GPTConfig(layers=1, dim=64, heads=2, seq=16, vocab=64, batch=16)
@@ -65,12 +66,15 @@ JAX_VENV = "/tmp/spmd-bench-jax-venv"
 SECTION = "Step time: emulated devices against CPU eager, gloo DDP and JAX (issue 11)"
 
 # (key, label, child strategy, devices); the gloo and JAX rows are added after these.
-SPMD_ROWS = (
-    ("spmd1", "spmd, 1 device", "single", 1),
-    ("dp", "spmd, 8 devices, data parallel, mesh (8,)", "dp", 8),
-    ("fsdp", "spmd, 8 devices, FSDP (params dim 0 and batch on 'fsdp'), mesh (8,)", "fsdp", 8),
-    ("2d", "spmd, 8 devices, 2-D: batch on 'data', Megatron on 'model', mesh (4, 2)", "2d", 8),
-)
+SPMD_ROWS = (("spmd1", "spmd, 1 device", "single", 1),) + tuple(
+    (f"{key}{n}", f"spmd, {n} devices, {what}", key, n)
+    for n in (8, 64)
+    for key, what in (
+        ("dp", f"data parallel, mesh ({n},)"),
+        ("fsdp", f"FSDP (params dim 0 and batch on 'fsdp'), mesh ({n},)"),
+        ("2d", f"2-D: batch on 'data', Megatron on 'model', mesh ({n // 2}, 2)"),
+        ("megatron", f"Megatron tensor parallel over all devices, mesh ({n},)"),
+    ))
 
 
 def cores() -> int:
@@ -146,6 +150,11 @@ def _spmd_setup(strategy: str, devices: int, model):
         # Megatron on 'model': qkv / fc1 column parallel, proj / fc2 row parallel; rest replicated.
         mesh = xs.Mesh(np.arange(devices), (devices // 2, 2), ("data", "model"))
         plan, batch_axis = sharding_plan("megatron", model), "data"
+    elif strategy == "megatron":
+        # Megatron over every device on 'model'; the batch replicated (attention's 4 heads do
+        # not split 64 ways: it runs replicated between the column- and row-parallel layers).
+        mesh = xs.Mesh(np.arange(devices), (devices,), ("model",))
+        plan, batch_axis = sharding_plan("megatron", model), None
     else:
         raise ValueError(strategy)
     for name, p in model.named_parameters():
