@@ -736,7 +736,7 @@ std::vector<Stacked> Executable::RunOnGroupSums(const Instruction& ins,
                                                 const std::vector<const Stacked*>& inputs,
                                                 const std::vector<ir::ScalarValue>& scalars) const {
   Grouped g = ByGroup(inputs, *ins.sums_over);
-  const int64_t n = g.group_map->num_devices(), k = ins.sums_over->group_size();
+  const int64_t k = ins.sums_over->group_size();
   std::vector<at::Tensor> sums(inputs.size());  // per operand, [U, ...]
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = g.rows[i];  // [U, k, ...]

@@ -14,12 +14,15 @@ namespace {
 
 TEST(RuleRegistryTest, ANameRegisteredTwiceIsAnError) {
   RuleBuilder none = [](const ir::Node&) -> std::optional<ShardingRule> { return std::nullopt; };
-  RegisterRule("test::registered_twice", none);
+  // A name of its own per run (the registry lives as long as the process: --gtest_repeat).
+  static int run = 0;
+  const std::string name = "test::registered_twice_" + std::to_string(run++);
+  RegisterRule(name, none);
   try {
-    RegisterRule("test::registered_twice", none);
+    RegisterRule(name, none);
     FAIL() << "a second registration was accepted";
   } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("test::registered_twice"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
   }
 }
 
