@@ -37,5 +37,17 @@ TEST(RuleRegistryTest, EveryFamilyRegistersWithoutClashes) {
   EXPECT_TRUE(HasRuleFor("aten::_foreach_add.List"));
 }
 
+TEST(RuleRegistryTest, AnOpReadsExtentsUnlessItsRuleSaysOtherwise) {
+  // Conservative default: a rule that does not say its kept dims are independent keeps the
+  // executor from merging devices' rows into them (speed, never correctness, is at stake).
+  ShardingRule plain;
+  EXPECT_TRUE(plain.reads_extents);
+  RuleBuilder build = [](const ir::Node&) -> std::optional<ShardingRule> { return ShardingRule(); };
+  const ir::OpInfo* op = ir::InternOp("test::reads_extents", {}, 1);
+  ir::NodePtr node = ir::MakeNode(op, {}, {}, {TensorType{DType::kFloat32, {2}}});
+  EXPECT_TRUE(build(*node)->reads_extents);
+  EXPECT_FALSE(ReadsNoExtents(build)(*node)->reads_extents);
+}
+
 }  // namespace
 }  // namespace spmd::partition

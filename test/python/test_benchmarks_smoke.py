@@ -21,18 +21,19 @@ def test_step_time_quick(tmp_path):
          "--warmup", "1", "--threads", "1", "--rounds", "2", "--out", str(out)],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # CPU eager runs before the first spmd row and after each of the 4, in each of 2 rounds:
+    # CPU eager runs before the first spmd row and after each of the 9, in each of 2 rounds:
     # every spmd row's ratio divides by the eager runs right around it.
-    assert proc.stderr.count("CPU eager\n") == 2 * 5, proc.stderr
+    assert proc.stderr.count("CPU eager\n") == 2 * 10, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("| config | s/step | vs eager | vs gloo DDP | vs JAX |")
     rows = [line for line in lines[2:] if line.startswith("| ")]
     labels = [row.split("|")[1].strip() for row in rows]
     assert labels[0].startswith("CPU eager")
-    for want in ("spmd, 1 device", "spmd, 8 devices, data parallel", "spmd, 8 devices, FSDP",
-                 "spmd, 8 devices, 2-D"):
+    wanted = ["spmd, 1 device"] + [f"spmd, {n} devices, {what}" for n in (8, 64)
+                                   for what in ("data parallel", "FSDP", "2-D", "Megatron")]
+    for want in wanted:
         assert any(label.startswith(want) for label in labels), (want, labels)
-    assert len(rows) == 5
+    assert len(rows) == 10
     for row in rows[1:]:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         float(cells[1])                                   # a time, not an error

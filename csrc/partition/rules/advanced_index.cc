@@ -119,6 +119,7 @@ std::optional<ShardingRule> Index(const ir::Node& node) {
   std::optional<IndexGeometry> g = GeometryOf(node);
   if (!g) return std::nullopt;
   ShardingRule rule;
+  rule.reads_extents = false;  // dims other than the indexed ones are independent
   IndexFactors f = FactorsOf(rule, *g, node.input(0).type(), FactorKind::kPassThrough);
   if (node.output(0).shape != ShapeOf(rule, f.result)) return std::nullopt;
   rule.operands = OperandFactors(node, rule, *g, f, -1);
@@ -137,6 +138,7 @@ std::optional<ShardingRule> IndexPut(const ir::Node& node) {
   const bool sums = BoolArg(node, ArgIndex(node, "accumulate")) &&
                     IsFloatingPoint(node.output(0).dtype);
   ShardingRule rule;
+  rule.reads_extents = false;  // dims other than the indexed ones are independent
   IndexFactors f = FactorsOf(rule, *g, node.input(0).type(),
                              sums ? FactorKind::kReduction : FactorKind::kNeedReplication);
   rule.operands = OperandFactors(node, rule, *g, f, values);

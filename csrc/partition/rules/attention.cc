@@ -60,6 +60,7 @@ std::optional<ShardingRule> Attention(const ir::Node& node, bool backward) {
   const bool causal = BoolArg(node, ArgIndex(node, "is_causal"));
 
   ShardingRule rule;
+  rule.reads_extents = false;  // batch, heads, unmasked rows independent
   const int b = rule.AddFactor(B);
   const int hk = rule.AddFactor(Hk);
   DimFactors heads{hk};

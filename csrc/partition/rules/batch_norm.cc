@@ -233,6 +233,7 @@ std::optional<ShardingRule> BatchNorm(const ir::Node& node, bool backward) {
   if (input.rank() < 2) return std::nullopt;
   bool training = BoolArg(node, ArgIndex(node, backward ? "train" : "training"), true);
   ShardingRule rule;
+  rule.reads_extents = false;  // channels are independent
   TensorFactors fin;
   int channel = -1;
   std::vector<int> stats;

@@ -27,6 +27,7 @@ std::optional<ShardingRule> ListPointwise(const ir::Node& node) {
   // factors come from the first result list; a 0-dim result element mirrors a 0-dim list
   // argument (the fused optimizers return their step counts) and is replicated like it.
   ShardingRule rule;
+  rule.reads_extents = false;  // each element from the elements at its index
   rule.elementwise = true;
   std::vector<TensorFactors> element(n);
   for (size_t i = 0; i < n; ++i) {

@@ -21,6 +21,7 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   const TensorType& out = node.output(0);
   if (a.rank() < 2 || a.rank() != b.rank() || out.rank() != a.rank()) return std::nullopt;
   ShardingRule rule;
+  rule.reads_extents = false;  // rows and columns are independent
   TensorFactors fa, fb, fo;
   for (int64_t d = 0; d + 2 < a.rank(); ++d) {
     int batch = rule.AddFactor(a.shape[d]);

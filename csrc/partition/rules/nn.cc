@@ -28,6 +28,7 @@ std::optional<ShardingRule> ReducingLoss(const ir::Node& node) {
   int reduction = static_cast<int>(IntArg(node, reduction_arg, kReductionMean));
   const TensorType& self = node.input(0).type();
   ShardingRule rule;
+  rule.reads_extents = false;  // kept rows are independent
   TensorFactors fs;
   for (int64_t size : self.shape)
     fs.push_back({rule.AddFactor(size, reduction == kReductionNone ? FactorKind::kPassThrough
@@ -77,8 +78,9 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
     for (Factor& f : rule.factors) f.always_mask = true;  // see ReducingLoss
   for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), out, fo));
   rule.results = {fo};
+  // A mean divides by the element count; sum and none are elementwise.
+  rule.reads_extents = reduction == kReductionMean;
   if (reduction == kReductionMean) {
-    rule.reads_extents = true;  // it divides by the element count
     rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
       std::vector<LocalValue> r = b.EmitNodeOp(ops);
       r[0] = b.Scale(r[0], LocalFraction(r[0]));
@@ -96,6 +98,7 @@ std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
   ShardingRule rule;
+  rule.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0], reduction == kReductionNone ? FactorKind::kPassThrough
                                                                     : FactorKind::kReduction);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
@@ -132,6 +135,7 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
   ShardingRule rule;
+  rule.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0]);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
   rule.factors[n].always_mask = true;
@@ -158,6 +162,7 @@ std::optional<ShardingRule> LayerNorm(const ir::Node& node, bool backward) {
   int64_t batch_dims = input.rank() - static_cast<int64_t>(ns.size());
   if (batch_dims < 0) return std::nullopt;
   ShardingRule rule;
+  rule.reads_extents = false;  // kept rows are independent
   TensorFactors fin, fstat, fparam;
   std::vector<int> batch;
   for (int64_t d = 0; d < input.rank(); ++d) {
@@ -193,6 +198,7 @@ std::optional<ShardingRule> Embedding(const ir::Node& node) {
   const TensorType& indices = node.input(1).type();
   if (weight.rank() != 2) return std::nullopt;
   ShardingRule rule;
+  rule.reads_extents = false;  // kept rows are independent
   int v = rule.AddFactor(weight.shape[0], FactorKind::kNeedReplication);
   int d = rule.AddFactor(weight.shape[1]);
   TensorFactors fi = PassThroughFactors(rule, indices);
@@ -214,6 +220,7 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   const TensorType& indices = node.input(1).type();
   bool scale_by_freq = BoolArg(node, ArgIndex(node, "scale_grad_by_freq"), false);
   ShardingRule rule;
+  rule.reads_extents = false;  // kept rows are independent
   TensorFactors fi;
   for (int64_t size : indices.shape) {
     fi.push_back({rule.AddFactor(size, scale_by_freq ? FactorKind::kNeedReplication : FactorKind::kReduction)});

@@ -13,6 +13,7 @@ namespace {
 
 std::optional<ShardingRule> Pointwise(const ir::Node& node) {
   ShardingRule rule;
+  rule.reads_extents = false;  // each element from the elements at its index
   rule.elementwise = true;
   const TensorType& out = node.output(0);
   TensorFactors result = PassThroughFactors(rule, out);

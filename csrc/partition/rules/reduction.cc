@@ -34,6 +34,7 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
   std::vector<bool> reduced = ReducedDims(node, in.rank());
   bool keepdim = BoolArg(node, ArgIndex(node, "keepdim"), false);
   ShardingRule rule;
+  rule.reads_extents = false;  // kept dims are independent
   TensorFactors operand, result;
   for (int64_t d = 0; d < in.rank(); ++d) {
     if (!reduced[d]) {

@@ -121,20 +121,25 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
   };
 }
 
-RuleBuilder AsView(RuleBuilder inner) {
-  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
+namespace {
+
+// `inner` with one flag of its rule set to `value`.
+RuleBuilder WithFlag(RuleBuilder inner, bool ShardingRule::*flag, bool value) {
+  return [inner = std::move(inner), flag, value](const ir::Node& node) {
     std::optional<ShardingRule> rule = inner(node);
-    if (rule) rule->view = true;
+    if (rule) (*rule).*flag = value;
     return rule;
   };
 }
 
+}  // namespace
+
+RuleBuilder AsView(RuleBuilder inner) { return WithFlag(std::move(inner), &ShardingRule::view, true); }
 RuleBuilder Additive(RuleBuilder inner) {
-  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
-    std::optional<ShardingRule> rule = inner(node);
-    if (rule) rule->additive = true;
-    return rule;
-  };
+  return WithFlag(std::move(inner), &ShardingRule::additive, true);
+}
+RuleBuilder ReadsNoExtents(RuleBuilder inner) {
+  return WithFlag(std::move(inner), &ShardingRule::reads_extents, false);
 }
 
 TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type) {

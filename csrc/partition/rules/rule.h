@@ -133,11 +133,13 @@ struct ShardingRule {
   // behave so (matmul's batch dims). The executor runs such an op once over all devices'
   // stacked shards as it is (runtime/executable.cc), without a batching transform.
   bool elementwise = false;
-  // The op's values depend on the extents of its dims, not only on the elements at each index
-  // (a loss backward with reduction=mean divides by the element count): the executor may not
-  // run several devices' shards as one call with their rows merged into a dim
-  // (runtime/row_merge.h).
-  bool reads_extents = false;
+  // The op's values may depend on the extents of its dims, not only on the elements at each
+  // index (a loss backward with reduction=mean divides by the element count): the executor may
+  // not run several devices' shards as one call with their rows merged into a dim
+  // (runtime/row_merge.h). Conservative by default: a rule that forgets it costs speed (the
+  // op runs under vmap or per row), never correctness. Rules whose kept dims are independent
+  // say so (reads_extents = false, or ReadsNoExtents at registration).
+  bool reads_extents = true;
   // The op only re-describes its operand's data (a view, transpose, permutation, broadcast,
   // slice): an eager runtime hands back a strided view of the same storage and a compiler
   // folds it into its consumer's layout, so the step-time model (partition/cost_model.h)
@@ -178,6 +180,8 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands = {0});
 RuleBuilder Additive(RuleBuilder inner);
 // `inner` with ShardingRule::view set.
 RuleBuilder AsView(RuleBuilder inner);
+// `inner` with ShardingRule::reads_extents cleared.
+RuleBuilder ReadsNoExtents(RuleBuilder inner);
 
 // Helpers shared by rule files.
 // One pass-through factor per dim of `type`; returns the factors.

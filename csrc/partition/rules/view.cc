@@ -317,39 +317,45 @@ std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
 }  // namespace
 
 void RegisterViewRules() {
-  RegisterRule("aten::select_backward", [](const ir::Node& n) { return IntoZeros(n, true); });
-  RegisterRule("aten::slice_backward", [](const ir::Node& n) { return IntoZeros(n, false); });
+  // Every op here moves elements by position along its positional dims and keeps the others
+  // independent: none reads the extents of the dims its devices' rows may merge into.
+  RegisterRule("aten::select_backward",
+               ReadsNoExtents([](const ir::Node& n) { return IntoZeros(n, true); }));
+  RegisterRule("aten::slice_backward",
+               ReadsNoExtents([](const ir::Node& n) { return IntoZeros(n, false); }));
   // Views, permutations, slices and position-wise copies are linear: pending partial sums pass
   // through them (LinearIn). The *_copy ops of the functional IR are views in the program the
   // user wrote (AsView: they cost no time).
   RegisterRules({"aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy",
                  "aten::reshape"},
-                AsView(LinearIn(WithLocalSize(Reshape, "size"))));
-  RegisterRule("aten::permute_copy", AsView(LinearIn([](const ir::Node& n) {
+                ReadsNoExtents(AsView(LinearIn(WithLocalSize(Reshape, "size")))));
+  RegisterRule("aten::permute_copy", ReadsNoExtents(AsView(LinearIn([](const ir::Node& n) {
     return Permute(n, IntListArg(n, ArgIndex(n, "dims")));
-  })));
-  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, AsView(LinearIn(Transpose)));
-  RegisterRule("aten::expand_copy", AsView(WithLocalSize(Expand, "size")));
-  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, AsView(LinearIn(SqueezeLike)));
-  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, AsView(LinearIn(Select)));
-  RegisterRule("aten::cat", [](const ir::Node& n) { return Join(n, false); });
-  RegisterRule("aten::stack", [](const ir::Node& n) { return Join(n, true); });
-  RegisterRule("aten::slice_scatter", [](const ir::Node& n) { return ScatterInto(n, false); });
-  RegisterRule("aten::select_scatter", [](const ir::Node& n) { return ScatterInto(n, true); });
+  }))));
+  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, ReadsNoExtents(AsView(LinearIn(Transpose))));
+  RegisterRule("aten::expand_copy", ReadsNoExtents(AsView(WithLocalSize(Expand, "size"))));
+  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, ReadsNoExtents(AsView(LinearIn(SqueezeLike))));
+  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, ReadsNoExtents(AsView(LinearIn(Select))));
+  RegisterRule("aten::cat", ReadsNoExtents([](const ir::Node& n) { return Join(n, false); }));
+  RegisterRule("aten::stack", ReadsNoExtents([](const ir::Node& n) { return Join(n, true); }));
+  RegisterRule("aten::slice_scatter",
+               ReadsNoExtents([](const ir::Node& n) { return ScatterInto(n, false); }));
+  RegisterRule("aten::select_scatter",
+               ReadsNoExtents([](const ir::Node& n) { return ScatterInto(n, true); }));
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
                  "aten::narrow_copy"},
-                AsView(LinearIn(Positional(SlicedDim))));
-  RegisterRule("aten::cumsum", LinearIn(Positional(DimArg)));
+                ReadsNoExtents(AsView(LinearIn(Positional(SlicedDim)))));
+  RegisterRule("aten::cumsum", ReadsNoExtents(LinearIn(Positional(DimArg))));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
   RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
                  "aten::_safe_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
                  "aten::_log_softmax_backward_data"},
-                Positional(DimArg));
-  RegisterRules({"aten::flip", "aten::roll"}, LinearIn(Positional(DimsArg)));
-  RegisterRules({"aten::tril", "aten::triu"}, LinearIn(Positional(LastTwo)));
-  RegisterRule("aten::constant_pad_nd", Positional(PaddedDims));
-  RegisterRule("aten::repeat", Positional(AllDims));
+                ReadsNoExtents(Positional(DimArg)));
+  RegisterRules({"aten::flip", "aten::roll"}, ReadsNoExtents(LinearIn(Positional(DimsArg))));
+  RegisterRules({"aten::tril", "aten::triu"}, ReadsNoExtents(LinearIn(Positional(LastTwo))));
+  RegisterRule("aten::constant_pad_nd", ReadsNoExtents(Positional(PaddedDims)));
+  RegisterRule("aten::repeat", ReadsNoExtents(Positional(AllDims)));
 }
 
 }  // namespace spmd::partition
