@@ -1,6 +1,7 @@
 #include "runtime/executable.h"
 
 #include <ATen/ATen.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -264,7 +265,9 @@ void Executable::PlanViews(const std::vector<int>& last_use) {
   for (auto& ins : instructions_) {
     // Stacked kernels read any strides (a transposed gradient all-reduced as it is).
     bool internal = ins.node->op()->internal && !ins.stacked_kernel;
-    ins.contiguous_inputs = IsStrideSensitive(ins.node->op());
+    // Kernels over tensor lists (multi-tensor apply, the fused optimizers) read raw memory
+    // chunks: a strided input (a row split from a merged call) is made contiguous for them.
+    ins.contiguous_inputs = IsStrideSensitive(ins.node->op()) || !ins.list_args.empty();
     if (internal || ins.contiguous_inputs)
       for (int s : ins.inputs) strided_ok[s] = false;
   }
@@ -821,8 +824,14 @@ bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& s
   int in = ins.inputs[0];
   SlotValue& input = slots[in];
   const Stacked& s = StackIn(input);
-  // A reshape views each row, so each row must be contiguous (rows alike: check one).
-  if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) return false;
+  // A reshape views each row: a contiguous row always, a strided one (a value whose rows were
+  // split from a merged call, laid out as that call wrote them) when its strides allow it.
+  if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) {
+    std::vector<int64_t> shape{s.rows.size(0)};
+    const Shape& out = ins.node->output(0).shape;
+    shape.insert(shape.end(), out.begin(), out.end());
+    if (!at::detail::computeStride(s.rows.sizes(), s.rows.strides(), shape)) return false;
+  }
   SlotValue out;
   out.stack = Stacked{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
   out.stack.summed = s.summed;

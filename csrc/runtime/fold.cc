@@ -95,10 +95,11 @@ std::vector<Stacked> UnfoldResults(const FoldPlan& plan, const Grouped& grouped,
       results[o].summed = true;
       continue;
     }
-    // The members' tiles side by side along the factor's dim: one row per member.
+    // The members' tiles side by side along the factor's dim: one row per member (a strided
+    // view, as SplitRows leaves merged rows).
     const int64_t d = plan.result_dim[o] + 1;
     at::Tensor members = rows.unflatten(d, {k, rows.size(d) / k}).movedim(d, 1).flatten(0, 1);
-    results[o] = Stacked{members.contiguous(), grouped.member_map};
+    results[o] = Stacked{members, grouped.member_map};
   }
   return results;
 }

@@ -9,7 +9,9 @@
 // the input's host tensor and hands the input's allocation to the result: XLA treats such
 // reshapes as bitcasts and folds transposes into the dot, the same effect.
 //
-// Reinterpreting views (reshape-like) need a contiguous input and give a contiguous result.
+// Reinterpreting views (reshape-like) need an input whose strides allow the view: a
+// contiguous one, or rows split from a merged call as that call laid them out
+// (row_merge.h), whose reshapes that keep the merged dims apart are views too.
 // Permuting views (t, transpose, permute) give a strided result, allowed only where every
 // reader is an ATen kernel that accepts any strides (not a stride-reinterpreting op, not an
 // internal spmd kernel) and the value does not leave the program. Subset views (select) are
