@@ -139,6 +139,60 @@ def test_megatron_training_step_in_one_graph():
     assert_params_close(model, cpu)
 
 
+class TransformerLayer(torch.nn.Module):
+    """Pre-norm attention (q, k, v, o) and MLP (fc1, fc2), as Megatron-LM's layer."""
+
+    def __init__(self, d=32, heads=8):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.norm1(x)
+        q, k, v = (m(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for m in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+def test_megatron_layers_all_reduce_four_times_per_layer():
+    # Per layer, Megatron-LM all-reduces over the tensor-parallel group twice in the forward
+    # (after o and fc2) and twice in the backward (the input gradients of q, k, v together and
+    # of fc1): the three column-parallel projections reading one input have their
+    # input-gradient partial sums added before one all-reduce, not one each.
+    mesh = mesh_of((8,), names=("model",))
+    torch.manual_seed(0)
+    layers = 2
+    cpu = torch.nn.Sequential(*(TransformerLayer() for _ in range(layers))).double()
+    model = copy.deepcopy(cpu).to(dev())
+    for layer in model:
+        for m in (layer.q, layer.k, layer.v, layer.fc1):
+            xs.mark_sharding(m.weight, mesh, ("model", None))
+            xs.mark_sharding(m.bias, mesh, ("model",))
+        for m in (layer.o, layer.fc2):
+            xs.mark_sharding(m.weight, mesh, (None, "model"))
+
+    def run(net, x):
+        return net(x).pow(2).mean()
+
+    x = torch.randn(4, 6, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    step([])
+    loss = run(model, x.to(dev()))
+    loss.backward()
+    stats = step([loss] + [p.grad for p in model.parameters()])
+    got = kinds(stats)
+    assert got.count(("all-reduce", ("model",))) == layers * 4, got
+    assert len(got) == got.count(("all-reduce", ("model",))), got
+    ref = run(cpu, x)
+    ref.backward()
+    assert_same(loss.detach().cpu(), ref.detach(), "loss")
+    assert_params_close(model, cpu, grads=True)
+
+
 def test_megatron_sequence_parallel_output_is_reduce_scattered():
     # Annotating the MLP output sharded over 'model' turns the all-reduce into a reduce-scatter.
     mesh = mesh_of((8,), names=("model",))
