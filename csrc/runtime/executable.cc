@@ -302,15 +302,16 @@ void Executable::PlanFolds() {
       return ReachesReduction(i, output, axes, readers, is_output);
     });
     if (!ins.fold) continue;
-    // The additive ops on the way compute on group sums when the fold happens.
-    auto groups = std::make_shared<const MeshGroups>(ins.fold->groups);
+    // The additive ops on the way compute on group sums when the fold happens: their one
+    // result summed, as the contraction's.
+    auto sums = std::make_shared<const FoldPlan>(FoldPlan{ins.fold->groups, {}, {-1}});
     for (size_t o = 0; o < ins.fold->result_dim.size(); ++o) {
       if (ins.fold->result_dim[o] != -1) continue;
       const Sharding& layout = ins.node->shardings()[o];
       std::vector<int> axes(layout.partial_axes().begin(), layout.partial_axes().end());
       std::vector<size_t> additive;
       ReachesReduction(i, static_cast<int>(o), axes, readers, is_output, &additive);
-      for (size_t a : additive) instructions_[a].sums_over = groups;
+      for (size_t a : additive) instructions_[a].sums_over = sums;
     }
   }
 }
@@ -716,8 +717,10 @@ bool Executable::ReachesReduction(size_t index, int output, const std::vector<in
       std::sort(reduced.begin(), reduced.end());
       return attrs.op == ReduceOp::kSum && next.stacked_kernel && reduced == axes;
     }
-    if (next.alias == ViewAlias::kNone && !PassesGroupSums(next, axes)) return false;
-    if (next.alias == ViewAlias::kNone && additive) additive->push_back(reader);
+    if (next.alias == ViewAlias::kNone) {  // not a view: an additive op, or the path ends
+      if (!PassesGroupSums(next, axes)) return false;
+      if (additive) additive->push_back(reader);
+    }
     slot = next.outputs[0];
   }
   return false;
@@ -738,8 +741,9 @@ bool Executable::PassesGroupSums(const Instruction& ins, const std::vector<int>&
 std::vector<Stacked> Executable::RunOnGroupSums(const Instruction& ins,
                                                 const std::vector<const Stacked*>& inputs,
                                                 const std::vector<ir::ScalarValue>& scalars) const {
-  Grouped g = ByGroup(inputs, *ins.sums_over);
-  const int64_t k = ins.sums_over->group_size();
+  const FoldPlan& plan = *ins.sums_over;
+  Grouped g = ByGroup(inputs, plan.groups);
+  const int64_t k = plan.groups.group_size();
   std::vector<at::Tensor> sums(inputs.size());  // per operand, [U, ...]
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = g.rows[i];  // [U, k, ...]
@@ -747,54 +751,15 @@ std::vector<Stacked> Executable::RunOnGroupSums(const Instruction& ins,
     else if (t.size(1) == 1 || t.stride(1) == 0) sums[i] = t.select(1, 0) * k;
     else sums[i] = t.sum(1);
   }
-  std::vector<at::Tensor> per_group;  // per result, [U, ...]
-  if (g.group_map->rows == 1) {
-    std::vector<at::Tensor> args(sums.size());
-    for (size_t i = 0; i < sums.size(); ++i) args[i] = sums[i].select(0, 0);
-    for (at::Tensor& out : CallKernel(ins, std::move(args), scalars, 0))
-      per_group.push_back(out.defined() ? out.unsqueeze(0) : out);
-  } else {
-    std::vector<Stacked> stacks(sums.size());
-    std::vector<const Stacked*> per_operand(sums.size());
-    for (size_t i = 0; i < sums.size(); ++i) {
-      stacks[i] = Stacked{sums[i], g.group_map};
-      per_operand[i] = &stacks[i];
-    }
-    std::optional<std::vector<Stacked>> out = RunBatched(ins, per_operand, scalars);
-    std::vector<Stacked> results =
-        out ? std::move(*out) : RunPerRow(ins, Align(per_operand, nullptr), scalars, nullptr);
-    for (Stacked& r : results) {
-      if (!r.defined()) {
-        per_group.emplace_back();
-      } else if (r.replicated()) {  // alike in every group
-        std::vector<int64_t> shape = r.rows.sizes().vec();
-        shape[0] = g.group_map->rows;
-        per_group.push_back(r.rows.expand(shape));
-      } else {
-        SPMD_CHECK(SameMap(r.map, g.group_map), "internal error: ", ins.node->op()->qualified,
-                   " on group sums returned rows of another grouping");
-        per_group.push_back(r.rows);
-      }
-    }
-  }
-  std::vector<Stacked> results(per_group.size());
-  for (size_t o = 0; o < per_group.size(); ++o) {
-    if (!per_group[o].defined()) continue;
-    results[o] = Stacked{per_group[o], g.group_map};
-    results[o].summed = true;
-  }
+  std::vector<Stacked> per_group = RunPerGroup(ins, std::move(sums), g.group_map, scalars);
   Count("GroupSumOps");
-  return results;
+  return UnfoldResults(plan, g, per_group);
 }
 
-std::optional<std::vector<Stacked>> Executable::RunFolded(
-    const Instruction& ins, const std::vector<const Stacked*>& inputs,
-    const std::vector<ir::ScalarValue>& scalars) const {
-  std::optional<FoldedOperands> folded = FoldOperands(*ins.fold, inputs);
-  if (!folded) return std::nullopt;
-  const RowMapPtr& map = folded->grouped.group_map;
+std::vector<Stacked> Executable::RunPerGroup(const Instruction& ins, std::vector<at::Tensor> rows,
+                                             const RowMapPtr& map,
+                                             const std::vector<ir::ScalarValue>& scalars) const {
   const int64_t n = map->num_devices();
-  std::vector<at::Tensor>& rows = folded->rows;  // [U, ...] per operand
   if (ins.contiguous_inputs)
     for (at::Tensor& r : rows) r = r.contiguous();
   std::vector<Stacked> per_group;
@@ -803,19 +768,28 @@ std::optional<std::vector<Stacked>> Executable::RunFolded(
     for (size_t i = 0; i < rows.size(); ++i) args[i] = rows[i].select(0, 0);
     for (at::Tensor& out : CallKernel(ins, std::move(args), scalars, 0))
       per_group.push_back(out.defined() ? StackReplicated(out, n) : Stacked{});
-  } else {
-    // One row per group: run stacked like any op (an operand alike in every group, a weight
-    // read by each group, passes as it is).
-    std::vector<Stacked> stacks(rows.size());
-    std::vector<const Stacked*> per_operand(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      stacks[i] = rows[i].stride(0) == 0 ? StackReplicated(rows[i].select(0, 0), n)
-                                          : Stacked{rows[i], map};
-      per_operand[i] = &stacks[i];
-    }
-    std::optional<std::vector<Stacked>> out = RunBatched(ins, per_operand, scalars);
-    per_group = out ? std::move(*out) : RunPerRow(ins, Align(per_operand, nullptr), scalars, nullptr);
+    return per_group;
   }
+  // One row per group: run stacked like any op (an operand alike in every group, a weight
+  // read by each group, passes as it is).
+  std::vector<Stacked> stacks(rows.size());
+  std::vector<const Stacked*> per_operand(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    stacks[i] = rows[i].stride(0) == 0 ? StackReplicated(rows[i].select(0, 0), n)
+                                        : Stacked{rows[i], map};
+    per_operand[i] = &stacks[i];
+  }
+  std::optional<std::vector<Stacked>> out = RunBatched(ins, per_operand, scalars);
+  return out ? std::move(*out) : RunPerRow(ins, Align(per_operand, nullptr), scalars, nullptr);
+}
+
+std::optional<std::vector<Stacked>> Executable::RunFolded(
+    const Instruction& ins, const std::vector<const Stacked*>& inputs,
+    const std::vector<ir::ScalarValue>& scalars) const {
+  std::optional<FoldedOperands> folded = FoldOperands(*ins.fold, inputs);
+  if (!folded) return std::nullopt;
+  std::vector<Stacked> per_group =
+      RunPerGroup(ins, std::move(folded->rows), folded->grouped.group_map, scalars);
   Count("FoldedContractions");
   return UnfoldResults(*ins.fold, folded->grouped, per_group);
 }

@@ -100,9 +100,10 @@ class Executable {
     MergeFactors merge;
     // A folded contraction (fold.h): its summed results are computed summed.
     std::shared_ptr<const FoldPlan> fold;
-    // An additive op (add, sub) between a folded contraction and its reduction, over these
-    // groups: with a summed operand it runs once per group on the group sums (RunOnGroupSums).
-    std::shared_ptr<const MeshGroups> sums_over;
+    // An additive op (add, sub) between a folded contraction and its reduction: the groups,
+    // its one result summed. With a summed operand it runs once per group on the group sums
+    // (RunOnGroupSums).
+    std::shared_ptr<const FoldPlan> sums_over;
     const InternalKernel* internal_kernel = nullptr;  // spmd:: and xm:: ops
     const StackedKernel* stacked_kernel = nullptr;    // spmd:: ops: preferred
   };
@@ -139,6 +140,11 @@ class Executable {
   std::optional<std::vector<Stacked>> RunFolded(const Instruction& ins,
                                                 const std::vector<const Stacked*>& inputs,
                                                 const std::vector<ir::ScalarValue>& scalars) const;
+  // The op once per group of `map` on `rows` ([U, ...] per operand, U = map->rows): one call
+  // when there is one group, else stacked (RunBatched, or per row).
+  std::vector<Stacked> RunPerGroup(const Instruction& ins, std::vector<at::Tensor> rows,
+                                   const RowMapPtr& map,
+                                   const std::vector<ir::ScalarValue>& scalars) const;
   // Whether `ins` is an additive op whose pending sum is over exactly `axes` (sorted).
   bool PassesGroupSums(const Instruction& ins, const std::vector<int>& axes) const;
   // An additive op (Instruction::sums_over) reading a summed value: per group, the op on the
