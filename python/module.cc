@@ -20,6 +20,7 @@
 #include "runtime/device_data.h"
 #include "runtime/device_set.h"
 #include "runtime/error_message.h"
+#include "runtime/host_block_pool.h"
 
 namespace py = pybind11;
 
@@ -41,6 +42,18 @@ void BindMetrics(py::module_& m) {
 }
 
 void BindDevices(py::module_& m) {
+  // The executor's pool of host blocks (runtime/host_block_pool.h).
+  m.def("_host_pool_stats", [] {
+    runtime::HostPoolStats s = runtime::GetHostPoolStats();
+    py::dict d;
+    d["bytes_in_use"] = s.bytes_in_use;
+    d["bytes_cached"] = s.bytes_cached;
+    d["high_water"] = s.high_water;
+    d["blocks_reused"] = s.blocks_reused;
+    d["blocks_created"] = s.blocks_created;
+    return d;
+  });
+  m.def("_release_cached_host_blocks", &runtime::ReleaseCachedHostBlocks);
   m.def("_num_devices", [] { return runtime::DeviceSet::Get().num_devices(); });
   m.def("_configure_devices", &runtime::DeviceSet::Configure, py::arg("num_devices"),
         py::arg("bytes_per_device"));

@@ -16,6 +16,7 @@
 #include "core/metrics.h"
 #include "ir/internal_attrs.h"
 #include "ir/internal_ops.h"
+#include "runtime/host_block_pool.h"
 #include "runtime/internal_kernels.h"
 #include "runtime/row_merge.h"
 
@@ -863,6 +864,8 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   // The program's kernels compute values, never gradients: skip the autograd and view-tracking
   // kernels every call would otherwise pass through (a view made here is never differentiated).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // The devices' buffers come from blocks the previous steps freed (host_block_pool.h).
+  PooledHostAllocations pooled;
   try {
     for (size_t index = 0; index < instructions_.size(); ++index) {
       const Instruction& ins = instructions_[index];
