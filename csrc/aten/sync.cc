@@ -404,7 +404,7 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
   // differently from eager.
   auto is_view = [](const ir::Node& n) {
     std::optional<partition::ShardingRule> rule = partition::GetRule(n);
-    return rule && rule->view;
+    return rule && rule->view != partition::ViewKind::kNone;
   };
   std::vector<SlotPtr> slots = requested;
   for (SlotPtr& s : others)

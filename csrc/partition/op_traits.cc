@@ -11,6 +11,8 @@ OpTraits TraitsOf(const ir::Node& node) {
   traits.elementwise = rule->elementwise;
   traits.mergeable = !rule->local_args && !rule->reads_extents;
   traits.additive = rule->additive;
+  traits.view = rule->view;
+  traits.reads_strides = rule->reads_strides;
   if (rule->operands.size() != node.inputs().size() ||
       rule->results.size() != static_cast<size_t>(node.num_outputs()))
     return traits;

@@ -9,6 +9,18 @@
 
 namespace spmd::partition {
 
+// How a view op's result lies in its operand's memory (ShardingRule::view), declared by the
+// op's rule: the step-time model charges a view nothing, and the executor returns a view of
+// the operand's host memory instead of a copy where the kind allows (runtime/view_aliasing.h).
+enum class ViewKind {
+  kNone,     // not a view: the op computes its result
+  kReshape,  // the operand's elements in row-major order, reshaped (view, squeeze, alias; a
+             // slice or expand that keeps exactly the operand's elements is one too)
+  kPermute,  // the operand's dims reordered (t, transpose, permute): a strided result
+  kSubset,   // some of the operand's elements (select): a strided result
+  kOther,    // another view (a broadcast, explicit strides): costs nothing, copied when run
+};
+
 // One factor of the op's rule, as far as the executor may use it.
 struct TraitFactor {
   enum class Use {
@@ -33,6 +45,10 @@ struct OpTraits {
   // ShardingRule::additive: op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) over all its tensor
   // operands together (add, sub), so a sum over devices may be taken before it as well as after.
   bool additive = false;
+  ViewKind view = ViewKind::kNone;  // ShardingRule::view
+  // ShardingRule::reads_strides: the op reads its operands' memory layout, so they must reach
+  // it contiguous. True for an op without a rule (nothing says otherwise).
+  bool reads_strides = true;
   // The rule's factors, when its operands and results match the node's (else empty).
   std::vector<TraitFactor> factors;
 };

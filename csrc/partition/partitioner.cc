@@ -291,7 +291,7 @@ class Partitioner {
     }
     SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
                n.op()->qualified, " produced ", results.size(), " results");
-    if (IsPointwise(*rule) && !rule->view) NotePointwiseResults(n, results, first_node);
+    if (IsPointwise(*rule) && rule->view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
     locals_[&n] = std::move(results);
   }
 
@@ -403,7 +403,7 @@ class Partitioner {
     c.flops = rule ? RuleFlops(*rule, *mesh_, fa, local) : ElementFlops(local);
     c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
     c.contraction = rule && rule->flops_per_point && *rule->flops_per_point > 0;
-    c.view = rule && rule->view;
+    c.view = rule && rule->view != ViewKind::kNone;
     c.recomputed = !c.view && recomputed_.count(&n) > 0;  // a view computes nothing
     if (c.contraction) {
       GemmShape g = ContractionShape(*rule, *mesh_, fa);
@@ -412,7 +412,7 @@ class Partitioner {
       c.gemm_k = g.k;
       c.gemm_batch = g.batch;
     }
-    if (rule && IsPointwise(*rule) && !rule->view) FuseWithProducers(n, operands, c);
+    if (rule && IsPointwise(*rule) && rule->view == ViewKind::kNone) FuseWithProducers(n, operands, c);
     costs_.push_back(std::move(c));
   }
 

@@ -36,111 +36,11 @@ RunProfile& LastProfile() {
 
 namespace {
 
-const c10::OperatorHandle& KernelFor(const ir::OpInfo* op) {
-  void* cached = op->backend.load(std::memory_order_acquire);
-  if (cached) return *static_cast<const c10::OperatorHandle*>(cached);
-  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(op->name.c_str(),
-                                                               op->overload.c_str());
-  auto* owned = new c10::OperatorHandle(handle);  // lives as long as the op registry
-  void* expected = nullptr;
-  if (!op->backend.compare_exchange_strong(expected, owned)) delete owned;
-  return *static_cast<const c10::OperatorHandle*>(op->backend.load());
-}
-
-// The view op `x` of a functionalized view `x_copy` with the same arguments, or null.
-const c10::OperatorHandle* ViewKernelFor(const ir::OpInfo* op) {
-  const std::string suffix = "_copy";
-  const std::string& name = op->name;
-  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix))
-    return nullptr;
-  static std::mutex mu;
-  static auto* cache = new std::unordered_map<const ir::OpInfo*, const c10::OperatorHandle*>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, added] = cache->emplace(op, nullptr);
-  if (!added) return it->second;
-  auto handle = c10::Dispatcher::singleton().findSchema(
-      {name.substr(0, name.size() - suffix.size()), op->overload});
-  if (handle && handle->schema().arguments().size() == op->args.size() &&
-      handle->schema().returns().size() == KernelFor(op).schema().returns().size())
-    it->second = new c10::OperatorHandle(*handle);  // lives as long as the op registry
-  return it->second;
-}
-
-// Whether `node` is elementwise (its traits say so), and the local rank each input must have
-// to run stacked as it is: that of the result it broadcasts into (element i of a list argument
-// into result i; a lone tensor beside lists must not vary over devices: -1).
-void ElementwiseRanks(const ir::Node& node, const partition::OpTraits& traits, bool* elementwise,
-                      std::vector<int>* rank) {
-  *elementwise = traits.elementwise;
-  for (const ir::Arg& a : node.args())  // channels-last has no meaning for a stacked tensor
-    if (a.kind == ir::Arg::Kind::kMemoryFormat &&
-        a.i >= static_cast<int64_t>(c10::MemoryFormat::ChannelsLast))
-      *elementwise = false;
-  if (!*elementwise) return;
-  bool lists = false;
-  for (const ir::Arg& a : node.args()) lists |= a.kind == ir::Arg::Kind::kTensorList;
-  rank->assign(node.inputs().size(), lists ? -1 : static_cast<int>(node.output(0).rank()));
-  for (const ir::Arg& a : node.args()) {
-    if (a.kind != ir::Arg::Kind::kTensorList) continue;
-    for (size_t i = 0; i < a.ints.size(); ++i)
-      if (static_cast<int>(i) < node.num_outputs())
-        (*rank)[a.ints[i]] = static_cast<int>(node.output(i).rank());
-  }
-}
-
-bool HasBatchRule(const c10::OperatorHandle& op) {
-  return op.hasKernelForDispatchKey(c10::DispatchKey::FuncTorchBatched) ||
-         op.hasKernelForDispatchKey(c10::DispatchKey::FuncTorchBatchedDecomposition) ||
-         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-}
-
-c10::Scalar ToScalar(const ir::Arg& a) {
-  switch (a.kind) {
-    case ir::Arg::Kind::kScalarInt: return c10::Scalar(a.i);
-    case ir::Arg::Kind::kScalarBool: return c10::Scalar(static_cast<bool>(a.i));
-    default: return c10::Scalar(a.d);
-  }
-}
-
 c10::Scalar ToScalar(const ir::ScalarValue& v) {
   switch (v.kind) {
     case ir::Arg::Kind::kScalarInt: return c10::Scalar(v.i);
     case ir::Arg::Kind::kScalarBool: return c10::Scalar(static_cast<bool>(v.i));
     default: return c10::Scalar(v.d);
-  }
-}
-
-at::Tensor WrappedNumber(const c10::Scalar& s) {
-  at::Tensor t = at::scalar_to_tensor(s);
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
-
-// The IValue for a constant (non-tensor, non-dynamic) argument.
-c10::IValue ConstantIValue(const ir::Arg& a) {
-  using K = ir::Arg::Kind;
-  switch (a.kind) {
-    case K::kNone: return c10::IValue();
-    case K::kBool: return c10::IValue(static_cast<bool>(a.i));
-    case K::kInt: return c10::IValue(a.i);
-    case K::kDouble: return c10::IValue(a.d);
-    case K::kIntList: return c10::IValue(a.ints);
-    case K::kDoubleList: return c10::IValue(a.doubles);
-    case K::kBoolList: {
-      c10::List<bool> l;
-      for (int64_t v : a.ints) l.push_back(v != 0);
-      return c10::IValue(l);
-    }
-    case K::kString: return c10::IValue(a.s);
-    case K::kScalarInt:
-    case K::kScalarDouble:
-    case K::kScalarBool:
-      return a.wrapped ? c10::IValue(WrappedNumber(ToScalar(a))) : c10::IValue(ToScalar(a));
-    case K::kScalarType:
-    case K::kLayout:
-    case K::kMemoryFormat: return c10::IValue(a.i);
-    case K::kDevice: return c10::IValue(c10::Device(c10::kCPU));
-    default: return c10::IValue();  // tensors are filled in per run
   }
 }
 
@@ -150,172 +50,14 @@ uint64_t TileSeedOffset(int64_t tile) { return static_cast<uint64_t>(tile) * 0x9
 
 }  // namespace
 
-Executable::Executable(partition::Program program) : program_(std::move(program)) { Lower(); }
+Executable::Executable(partition::Program program)
+    : program_(std::move(program)),
+      plan_(PlanExecution(program_)),
+      unbatchable_(new std::atomic<bool>[plan_.instructions.size()]) {
+  for (size_t i = 0; i < plan_.instructions.size(); ++i) unbatchable_[i] = false;
+}
 
 Executable::~Executable() = default;
-
-bool Executable::WritesAnInput(const Instruction& ins) {
-  return std::find(ins.mutable_input.begin(), ins.mutable_input.end(), true) !=
-         ins.mutable_input.end();
-}
-
-void Executable::Lower() {
-  std::unordered_map<const ir::Node*, int> first_slot;  // node -> slot of its output 0
-  for (const ir::NodePtr& n : program_.nodes) {
-    first_slot[n.get()] = num_slots_;
-    num_slots_ += n->num_outputs();
-  }
-  auto slot_of = [&](const ir::Value& v) { return first_slot.at(v.node.get()) + v.index; };
-  for (const ir::NodePtr& p : program_.params) param_slots_.push_back(slot_of(ir::Value{p, 0}));
-  for (const ir::Value& v : program_.outputs) output_slots_.push_back(slot_of(v));
-
-  const ir::OpInfo* data_op = ir::InternalOps::Get().device_data;
-  for (const ir::NodePtr& n : program_.nodes)
-    if (n->op() != data_op) instructions_.push_back(LowerNode(n, slot_of));
-
-  unbatchable_.reset(new std::atomic<bool>[instructions_.size()]);
-  for (size_t i = 0; i < instructions_.size(); ++i) unbatchable_[i] = false;
-
-  const std::vector<int> last_use = PlanLiveness();
-  PlanViews(last_use);
-  PlanFolds();
-}
-
-// One node as an instruction: its slots, its kernel (resolved now, so that a missing op fails
-// at compile time) and, for an ATen op, its prebuilt argument stack.
-Executable::Instruction Executable::LowerNode(const ir::NodePtr& n,
-                                              const std::function<int(const ir::Value&)>& slot_of) {
-  Instruction ins;
-  ins.node = n.get();
-  ins.node_index = static_cast<int>(&n - program_.nodes.data());
-  for (const ir::Value& v : n->inputs()) ins.inputs.push_back(slot_of(v));
-  for (int o = 0; o < n->num_outputs(); ++o) ins.outputs.push_back(slot_of(ir::Value{n, o}));
-  ins.mutable_input.assign(n->inputs().size(), false);
-  if (n->op()->internal) {
-    ins.internal_kernel = FindInternalKernel(n->op()->qualified);
-    ins.stacked_kernel = FindStackedKernel(n->op()->qualified);
-    SPMD_CHECK(ins.internal_kernel || ins.stacked_kernel, "no runtime kernel for ",
-               n->op()->qualified);
-  } else {
-    ins.view_kernel = ViewKernelFor(n->op());
-    ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));
-    ElementwiseRanks(*n, program_.TraitsAt(ins.node_index), &ins.elementwise,
-                     &ins.element_rank);
-    const auto& schema_args = n->op()->args;
-    for (size_t a = 0; a < n->args().size(); ++a) {
-      const ir::Arg& arg = n->args()[a];
-      int pos = static_cast<int>(a);
-      using K = ir::Arg::Kind;
-      if (a >= schema_args.size()) {
-        // The seed the recorder appended for a random op without a Generator argument.
-        SPMD_CHECK(arg.dynamic, "unexpected extra argument of ", n->op()->qualified);
-        SPMD_CHECK(arg.slot >= 0, "internal error: run-time seed without a slot in ",
-                   n->op()->qualified);
-        ins.default_generator_seed = arg.slot;
-        ins.random = true;
-        continue;
-      }
-      if (arg.kind == K::kTensor) {
-        ins.tensor_args.emplace_back(pos, static_cast<int>(arg.i));
-        if (a < schema_args.size() && schema_args[a].is_write) ins.mutable_input[arg.i] = true;
-      } else if (arg.kind == K::kTensorList || arg.kind == K::kOptTensorList) {
-        ins.list_args.push_back({pos, arg.ints, arg.kind == K::kOptTensorList});
-      } else if (arg.dynamic) {
-        SPMD_CHECK(arg.slot >= 0, "internal error: run-time scalar without a slot in ",
-                   n->op()->qualified);
-        bool generator = a < schema_args.size() && schema_args[a].type == ir::ArgType::kGenerator;
-        const int list_size =
-            arg.kind == K::kScalarList ? static_cast<int>(arg.doubles.size()) : -1;
-        ins.scalar_args.push_back({pos, arg.slot, arg.wrapped, generator, list_size});
-        ins.random |= generator;
-      }
-      ins.stack.push_back(ConstantIValue(arg));
-    }
-    // Merging device rows into a dim: not for ops that write an input (batch norm's running
-    // statistics: one per device) nor for views (their copy is made after).
-    if (!ins.view_kernel && std::find(ins.mutable_input.begin(), ins.mutable_input.end(),
-                                      true) == ins.mutable_input.end())
-      ins.merge = MergeFactorsOf(*n, program_.TraitsAt(ins.node_index));
-  }
-  for (int o = 0; o < n->num_outputs(); ++o)
-    ins.labels.push_back(InternLabel(n->op()->qualified + " -> " + n->output(o).ToString()));
-  return ins;
-}
-
-// Frees each slot right after its last reader (outputs never); returns each slot's last
-// reader (-2: a program output, -1: never read).
-std::vector<int> Executable::PlanLiveness() {
-  std::vector<int> last_use(num_slots_, -1);
-  for (size_t i = 0; i < instructions_.size(); ++i)
-    for (int s : instructions_[i].inputs) last_use[s] = static_cast<int>(i);
-  for (int s : output_slots_) last_use[s] = -2;
-  for (int s = 0; s < num_slots_; ++s)
-    if (last_use[s] >= 0) instructions_[last_use[s]].free_after.push_back(s);
-  // Outputs nobody reads (e.g. the unused second result of an op) are freed at once.
-  for (auto& ins : instructions_)
-    for (int s : ins.outputs)
-      if (last_use[s] == -1) ins.free_after.push_back(s);
-  return last_use;
-}
-
-void Executable::PlanViews(const std::vector<int>& last_use) {
-  // Zero-copy views (view_aliasing.h). A strided (permuted) result must stay inside the
-  // program and reach only kernels that accept any strides.
-  std::vector<bool> strided_ok(num_slots_, true);
-  for (int s : output_slots_) strided_ok[s] = false;
-  for (auto& ins : instructions_) {
-    // Stacked kernels read any strides (a transposed gradient all-reduced as it is).
-    bool internal = ins.node->op()->internal && !ins.stacked_kernel;
-    // Kernels over tensor lists (multi-tensor apply, the fused optimizers) read raw memory
-    // chunks: a strided input (a row split from a merged call) is made contiguous for them.
-    ins.contiguous_inputs = IsStrideSensitive(ins.node->op()) || !ins.list_args.empty();
-    if (internal || ins.contiguous_inputs)
-      for (int s : ins.inputs) strided_ok[s] = false;
-  }
-  for (auto& ins : instructions_) {
-    if (ins.node->op()->internal || WritesAnInput(ins)) continue;
-    ins.alias = ViewAliasOf(*ins.node);
-    if ((ins.alias == ViewAlias::kPermute || ins.alias == ViewAlias::kSubset) &&
-        !strided_ok[ins.outputs[0]])
-      ins.alias = ViewAlias::kNone;
-    // A view (a reshape, transpose or select of its input's bytes) that dies before its input,
-    // and stays inside the program, holds nothing of its own: it is the input's memory seen
-    // differently, as XLA's bitcasts and transposes folded into their consumer are.
-    const int base = ins.inputs.empty() ? -1 : ins.inputs[0], view = ins.outputs[0];
-    ins.share_input = ins.alias != ViewAlias::kNone && last_use[view] >= 0 &&
-                      (last_use[base] == -2 || last_use[view] <= last_use[base]);
-  }
-}
-
-// Contractions whose summed results meet their reduction (fold.h).
-void Executable::PlanFolds() {
-  std::vector<std::vector<int>> readers(num_slots_);
-  for (size_t i = 0; i < instructions_.size(); ++i)
-    for (int s : instructions_[i].inputs)
-      if (readers[s].empty() || readers[s].back() != static_cast<int>(i)) readers[s].push_back(i);
-  std::vector<bool> is_output(num_slots_, false);
-  for (int s : output_slots_) is_output[s] = true;
-  for (size_t i = 0; i < instructions_.size(); ++i) {
-    Instruction& ins = instructions_[i];
-    if (ins.random || WritesAnInput(ins)) continue;
-    ins.fold = FoldPlanOf(*ins.node, program_.TraitsAt(ins.node_index),
-                          [&](int output, const std::vector<int>& axes) {
-      return ReachesReduction(i, output, axes, readers, is_output);
-    });
-    if (!ins.fold) continue;
-    // The additive ops on the way compute on group sums when the fold happens: their one
-    // result summed, as the contraction's.
-    auto sums = std::make_shared<const FoldPlan>(FoldPlan{ins.fold->groups, {}, {-1}});
-    for (size_t o = 0; o < ins.fold->result_dim.size(); ++o) {
-      if (ins.fold->result_dim[o] != -1) continue;
-      const Sharding& layout = ins.node->shardings()[o];
-      std::vector<int> axes(layout.partial_axes().begin(), layout.partial_axes().end());
-      std::vector<size_t> additive;
-      ReachesReduction(i, static_cast<int>(o), axes, readers, is_output, &additive);
-      for (size_t a : additive) instructions_[a].sums_over = sums;
-    }
-  }
-}
 
 const Stacked& Executable::StackIn(SlotValue& value) {
   if (!value.stack.defined()) value.stack = StackOf(value.buffers);
@@ -401,7 +143,7 @@ std::vector<at::Tensor> Executable::CallKernel(const Instruction& ins, std::vect
       continue;
     }
     c10::Scalar s = ToScalar(scalars.at(sa.scalar_index));
-    stack[sa.position] = sa.wrapped ? c10::IValue(WrappedNumber(s)) : c10::IValue(s);
+    stack[sa.position] = ScalarIValue(s, sa.wrapped);
   }
   const c10::OperatorHandle& kernel = as_view ? *ins.view_kernel : KernelFor(node.op());
   if (ins.default_generator_seed >= 0) {
@@ -626,8 +368,8 @@ void Executable::StoreResults(const Instruction& ins, std::vector<Stacked> resul
 
 void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
                            const std::vector<ir::ScalarValue>& scalars) const {
-  const Instruction& ins = instructions_[index];
-  if (ins.alias != ViewAlias::kNone && TryAliasInput(ins, slots)) return;
+  const Instruction& ins = plan_.instructions[index];
+  if (ins.alias != ViewKind::kNone && TryAliasInput(ins, slots, scalars)) return;
   const ir::Node& node = *ins.node;
   std::vector<const Stacked*> inputs;
   inputs.reserve(ins.inputs.size());
@@ -678,7 +420,7 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
     results = RunPerRow(ins, Align(inputs, tile_of), scalars, tile_of);
   }
   // A view of a summed value (on its way to the reduction) is summed too.
-  if (ins.alias != ViewAlias::kNone && inputs[0]->summed) (*results)[0].summed = true;
+  if (ins.alias != ViewKind::kNone && inputs[0]->summed) (*results)[0].summed = true;
   StoreResults(ins, std::move(*results), slots);
 }
 
@@ -699,44 +441,6 @@ void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& s
   SPMD_CHECK(outs.size() == ins.outputs.size(), node.op()->qualified, " produced ", outs.size(),
              " outputs, expected ", ins.outputs.size());
   for (size_t o = 0; o < outs.size(); ++o) slots[ins.outputs[o]] = SlotValue{std::move(outs[o]), {}};
-}
-
-bool Executable::ReachesReduction(size_t index, int output, const std::vector<int>& axes,
-                                  const std::vector<std::vector<int>>& readers,
-                                  const std::vector<bool>& is_output,
-                                  std::vector<size_t>* additive) const {
-  int slot = instructions_[index].outputs[output];
-  while (!is_output[slot] && readers[slot].size() == 1) {
-    const size_t reader = readers[slot][0];
-    const Instruction& next = instructions_[reader];
-    if (next.node->op()->internal) {
-      const ir::InternalOps& ops = ir::InternalOps::Get();
-      if (next.node->op() != ops.all_reduce && next.node->op() != ops.reduce_scatter)
-        return false;
-      ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*next.node->op(), next.node->args());
-      std::vector<int> reduced(attrs.axes.begin(), attrs.axes.end());
-      std::sort(reduced.begin(), reduced.end());
-      return attrs.op == ReduceOp::kSum && next.stacked_kernel && reduced == axes;
-    }
-    if (next.alias == ViewAlias::kNone) {  // not a view: an additive op, or the path ends
-      if (!PassesGroupSums(next, axes)) return false;
-      if (additive) additive->push_back(reader);
-    }
-    slot = next.outputs[0];
-  }
-  return false;
-}
-
-bool Executable::PassesGroupSums(const Instruction& ins, const std::vector<int>& axes) const {
-  if (!program_.TraitsAt(ins.node_index).additive || ins.outputs.size() != 1 || ins.random ||
-      WritesAnInput(ins) || ins.node->shardings().size() != 1)
-    return false;
-  const Sharding& layout = ins.node->shardings()[0];
-  if (!layout.valid() || !layout.IsPartial() || layout.partial_op() != ReduceOp::kSum)
-    return false;
-  std::vector<int> pending(layout.partial_axes().begin(), layout.partial_axes().end());
-  std::sort(pending.begin(), pending.end());
-  return pending == axes;
 }
 
 std::vector<Stacked> Executable::RunOnGroupSums(const Instruction& ins,
@@ -795,26 +499,34 @@ std::optional<std::vector<Stacked>> Executable::RunFolded(
   return UnfoldResults(*ins.fold, folded->grouped, per_group);
 }
 
-bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots) const {
+bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots,
+                               const std::vector<ir::ScalarValue>& scalars) const {
   int in = ins.inputs[0];
   SlotValue& input = slots[in];
   const Stacked& s = StackIn(input);
-  // A reshape views each row: a contiguous row always, a strided one (a value whose rows were
-  // split from a merged call, laid out as that call wrote them) when its strides allow it.
-  if (ins.alias == ViewAlias::kReinterpret && !s.Row(0).is_contiguous()) {
-    std::vector<int64_t> shape{s.rows.size(0)};
-    const Shape& out = ins.node->output(0).shape;
-    shape.insert(shape.end(), out.begin(), out.end());
-    if (!at::detail::computeStride(s.rows.sizes(), s.rows.strides(), shape)) return false;
-  }
   SlotValue out;
-  out.stack = Stacked{AliasedView(*ins.node, ins.alias, s.rows, /*batch_dims=*/1), s.map};
+  if (ins.alias == ViewKind::kReshape) {
+    // A reshape views each row: a contiguous row always, a strided one (a value whose rows
+    // were split from a merged call, laid out as that call wrote them) when its strides
+    // allow it.
+    if (!s.Row(0).is_contiguous()) {
+      std::vector<int64_t> shape{s.rows.size(0)};
+      const Shape& result = ins.node->output(0).shape;
+      shape.insert(shape.end(), result.begin(), result.end());
+      if (!at::detail::computeStride(s.rows.sizes(), s.rows.strides(), shape)) return false;
+    }
+    out.stack = Stacked{ReshapedView(*ins.node, s.rows, /*batch_dims=*/1), s.map};
+  } else {
+    at::Tensor rows = ViewOfRows(ins, s, scalars);
+    if (!rows.defined()) return false;
+    out.stack = Stacked{std::move(rows), s.map};
+  }
   out.stack.summed = s.summed;
   const bool dies = std::find(ins.free_after.begin(), ins.free_after.end(), in) != ins.free_after.end();
   if (!dies && ins.share_input) {  // the input's bytes hold it: nothing to charge
     out.buffers = UnchargedBuffersOf(out.stack);
     Count("SharedViews");
-  } else if (dies && ins.alias != ViewAlias::kSubset && CanTakeOver(input)) {
+  } else if (dies && ins.alias != ViewKind::kSubset && CanTakeOver(input)) {
     // The input dies here: the view takes over its bytes.
     out.buffers = BuffersOf(out.stack, ins.labels[0], &input.buffers, /*views=*/false);
     Count("AliasedViews");
@@ -825,6 +537,21 @@ bool Executable::TryAliasInput(const Instruction& ins, std::vector<SlotValue>& s
   }
   slots[ins.outputs[0]] = std::move(out);
   return true;
+}
+
+// The op's view kernel (transpose for transpose_copy, ...) on every row of `s` at once: the
+// kernel on row 0 says where its view lies in that row (sizes, strides, offset), and every row
+// is laid out alike, one row stride apart. Undefined when the kernel made no view of its input.
+at::Tensor Executable::ViewOfRows(const Instruction& ins, const Stacked& s,
+                                  const std::vector<ir::ScalarValue>& scalars) const {
+  const at::Tensor row = s.rows.select(0, 0);
+  std::vector<at::Tensor> outs = CallKernel(ins, {row}, scalars, 0, /*as_view=*/true);
+  const at::Tensor& view = outs.at(0);
+  if (!view.defined() || !view.is_alias_of(row)) return {};
+  std::vector<int64_t> sizes{s.rows.size(0)}, strides{s.rows.stride(0)};
+  sizes.insert(sizes.end(), view.sizes().begin(), view.sizes().end());
+  strides.insert(strides.end(), view.strides().begin(), view.strides().end());
+  return s.rows.as_strided(sizes, strides, view.storage_offset());
 }
 
 bool Executable::CanTakeOver(const SlotValue& input) {
@@ -844,22 +571,22 @@ bool Executable::CanTakeOver(const SlotValue& input) {
 std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& params,
                                            const std::vector<ir::ScalarValue>& scalars,
                                            const std::vector<bool>& donated) const {
-  SPMD_CHECK(params.size() == param_slots_.size(), "program expects ", param_slots_.size(),
+  SPMD_CHECK(params.size() == plan_.param_slots.size(), "program expects ", plan_.param_slots.size(),
              " parameters, got ", params.size());
   SPMD_CHECK(donated.empty() || donated.size() == params.size(), "program expects ",
              params.size(), " donation flags, got ", donated.size());
   // Slots own their buffers; everything still allocated is released if a kernel throws.
-  std::vector<SlotValue> slots(num_slots_);
-  std::vector<bool> donated_slot(num_slots_, false);
+  std::vector<SlotValue> slots(plan_.num_slots);
+  std::vector<bool> donated_slot(plan_.num_slots, false);
   for (size_t i = 0; i < params.size(); ++i) {
-    slots[param_slots_[i]] = SlotValue{params[i]->shards(), params[i]->stacked()};
-    if (!donated.empty() && donated[i]) donated_slot[param_slots_[i]] = true;
+    slots[plan_.param_slots[i]] = SlotValue{params[i]->shards(), params[i]->stacked()};
+    if (!donated.empty() && donated[i]) donated_slot[plan_.param_slots[i]] = true;
   }
   // Donated inputs whose device memory was given back; taken back if the run fails.
   std::vector<BufferPtr> given_back;
   RunProfile profile;
   profile.program = &program_;
-  profile.seconds.reserve(instructions_.size());
+  profile.seconds.reserve(plan_.instructions.size());
   const size_t num_devices = DeviceSet::Get().num_devices();
   // The program's kernels compute values, never gradients: skip the autograd and view-tracking
   // kernels every call would otherwise pass through (a view made here is never differentiated).
@@ -867,8 +594,8 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   // The devices' buffers come from blocks the previous steps freed (host_block_pool.h).
   PooledHostAllocations pooled;
   try {
-    for (size_t index = 0; index < instructions_.size(); ++index) {
-      const Instruction& ins = instructions_[index];
+    for (size_t index = 0; index < plan_.instructions.size(); ++index) {
+      const Instruction& ins = plan_.instructions[index];
       profile.node_index.push_back(ins.node_index);
       try {
         // All devices at once: each gets the whole time.
@@ -908,9 +635,9 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
     throw;
   }
   std::vector<DeviceDataPtr> outputs;
-  outputs.reserve(output_slots_.size());
-  for (size_t i = 0; i < output_slots_.size(); ++i) {
-    SlotValue& slot = slots[output_slots_[i]];
+  outputs.reserve(plan_.output_slots.size());
+  for (size_t i = 0; i < plan_.output_slots.size(); ++i) {
+    SlotValue& slot = slots[plan_.output_slots[i]];
     if (slot.stack.defined()) AttachViews(slot.stack, slot.buffers);
     outputs.push_back(std::make_shared<DeviceData>(program_.output_global_types[i],
                                                    program_.output_shardings[i], slot.buffers,

@@ -49,5 +49,17 @@ TEST(RuleRegistryTest, AnOpReadsExtentsUnlessItsRuleSaysOtherwise) {
   EXPECT_FALSE(ReadsNoExtents(build)(*node)->reads_extents);
 }
 
+TEST(RuleRegistryTest, AnOpWithoutARuleIsTakenToReadStrides) {
+  // What the executor may rely on comes from the rules; an op without one gets the
+  // conservative traits: contiguous operands, no view aliasing, nothing merged.
+  const ir::OpInfo* op = ir::InternOp("test::no_rule", {}, 1);
+  ir::NodePtr node = ir::MakeNode(op, {}, {}, {TensorType{DType::kFloat32, {2}}});
+  OpTraits traits = TraitsOf(*node);
+  EXPECT_TRUE(traits.reads_strides);
+  EXPECT_EQ(traits.view, ViewKind::kNone);
+  EXPECT_FALSE(traits.mergeable);
+  EXPECT_FALSE(ShardingRule().reads_strides);  // a rule's default: ATen kernels take any strides
+}
+
 }  // namespace
 }  // namespace spmd::partition

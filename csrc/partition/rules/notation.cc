@@ -72,7 +72,9 @@ std::string FactorNotation(const ShardingRule& rule) {
   if (rule.additive) out << " additive";
   if (rule.elementwise) out << " elementwise";
   if (rule.reads_extents) out << " reads_extents";
-  if (rule.view) out << " view";
+  if (rule.reads_strides) out << " reads_strides";
+  static const char* const kViewNames[] = {"", "reshape", "permute", "subset", "other"};
+  if (rule.view != ViewKind::kNone) out << " view=" << kViewNames[static_cast<int>(rule.view)];
   if (rule.results_must_replicate) out << " must_replicate";
   return out.str();
 }

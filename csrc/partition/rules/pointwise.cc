@@ -157,7 +157,7 @@ void RegisterPointwiseRules() {
   RegisterRules({"aten::neg", "aten::clone", "aten::mul"}, LinearIn(Pointwise, {-1}));
   // Views of their operand in the program the user wrote (the functional IR copies them).
   RegisterRules({"aten::detach_copy", "aten::alias_copy", "aten::lift_fresh_copy"},
-                AsView(LinearIn(Pointwise, {-1})));
+                AsView(LinearIn(Pointwise, {-1}), ViewKind::kReshape));
   RegisterRules({"aten::add.Tensor", "aten::sub.Tensor"}, Additive(Pointwise));
   RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
   RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));

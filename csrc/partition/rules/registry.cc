@@ -123,8 +123,9 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
 
 namespace {
 
-// `inner` with one flag of its rule set to `value`.
-RuleBuilder WithFlag(RuleBuilder inner, bool ShardingRule::*flag, bool value) {
+// `inner` with one field of its rule set to `value`.
+template <typename T>
+RuleBuilder WithFlag(RuleBuilder inner, T ShardingRule::*flag, T value) {
   return [inner = std::move(inner), flag, value](const ir::Node& node) {
     std::optional<ShardingRule> rule = inner(node);
     if (rule) (*rule).*flag = value;
@@ -134,12 +135,17 @@ RuleBuilder WithFlag(RuleBuilder inner, bool ShardingRule::*flag, bool value) {
 
 }  // namespace
 
-RuleBuilder AsView(RuleBuilder inner) { return WithFlag(std::move(inner), &ShardingRule::view, true); }
+RuleBuilder AsView(RuleBuilder inner, ViewKind kind) {
+  return WithFlag(std::move(inner), &ShardingRule::view, kind);
+}
 RuleBuilder Additive(RuleBuilder inner) {
   return WithFlag(std::move(inner), &ShardingRule::additive, true);
 }
 RuleBuilder ReadsNoExtents(RuleBuilder inner) {
   return WithFlag(std::move(inner), &ShardingRule::reads_extents, false);
+}
+RuleBuilder ReadsStrides(RuleBuilder inner) {
+  return WithFlag(std::move(inner), &ShardingRule::reads_strides, true);
 }
 
 TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type) {

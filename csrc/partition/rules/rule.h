@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ir/node.h"
+#include "partition/op_traits.h"
 #include "sharding/sharding.h"
 
 namespace spmd::partition {
@@ -141,10 +142,16 @@ struct ShardingRule {
   // say so (reads_extents = false, or ReadsNoExtents at registration).
   bool reads_extents = true;
   // The op only re-describes its operand's data (a view, transpose, permutation, broadcast,
-  // slice): an eager runtime hands back a strided view of the same storage and a compiler
-  // folds it into its consumer's layout, so the step-time model (partition/cost_model.h)
-  // charges it no bytes and no kernel. Its FLOPs and bytes still appear in the stats.
-  bool view = false;
+  // slice), and how (ViewKind): an eager runtime hands back a strided view of the same
+  // storage and a compiler folds it into its consumer's layout, so the step-time model
+  // (partition/cost_model.h) charges it no bytes and no kernel, and the executor may return a
+  // view of its operand's host memory (runtime/view_aliasing.h). Its FLOPs and bytes still
+  // appear in the stats.
+  ViewKind view = ViewKind::kNone;
+  // The op's values depend on its operands' memory layout, not only on their elements
+  // (explicit strides, a view that must be expressible on the operand's strides): the
+  // executor hands it contiguous operands. ATen's kernels otherwise accept any strides.
+  bool reads_strides = false;
 
   int AddFactor(int64_t size, FactorKind kind = FactorKind::kPassThrough) {
     Factor f;
@@ -178,10 +185,12 @@ std::vector<std::string> RegisteredRuleNames();
 RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands = {0});
 // `inner` with ShardingRule::additive set.
 RuleBuilder Additive(RuleBuilder inner);
-// `inner` with ShardingRule::view set.
-RuleBuilder AsView(RuleBuilder inner);
+// `inner` with ShardingRule::view set to `kind`.
+RuleBuilder AsView(RuleBuilder inner, ViewKind kind);
 // `inner` with ShardingRule::reads_extents cleared.
 RuleBuilder ReadsNoExtents(RuleBuilder inner);
+// `inner` with ShardingRule::reads_strides set.
+RuleBuilder ReadsStrides(RuleBuilder inner);
 
 // Helpers shared by rule files.
 // One pass-through factor per dim of `type`; returns the factors.

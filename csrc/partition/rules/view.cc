@@ -325,17 +325,29 @@ void RegisterViewRules() {
                ReadsNoExtents([](const ir::Node& n) { return IntoZeros(n, false); }));
   // Views, permutations, slices and position-wise copies are linear: pending partial sums pass
   // through them (LinearIn). The *_copy ops of the functional IR are views in the program the
-  // user wrote (AsView: they cost no time).
-  RegisterRules({"aten::view_copy", "aten::_unsafe_view", "aten::_reshape_alias_copy",
-                 "aten::reshape"},
-                ReadsNoExtents(AsView(LinearIn(WithLocalSize(Reshape, "size")))));
+  // user wrote (AsView: they cost no time), each of a kind (ViewKind) the executor may alias.
+  // view and _unsafe_view must be expressible on their operand's strides (ReadsStrides).
+  RegisterRules({"aten::view_copy", "aten::_unsafe_view"},
+                ReadsStrides(ReadsNoExtents(
+                    AsView(LinearIn(WithLocalSize(Reshape, "size")), ViewKind::kReshape))));
+  RegisterRule("aten::reshape", ReadsNoExtents(AsView(LinearIn(WithLocalSize(Reshape, "size")),
+                                                      ViewKind::kReshape)));
+  // (The recorder records _reshape_alias as view_copy; its explicit strides are not a
+  // row-major reshape in general.)
+  RegisterRule("aten::_reshape_alias_copy",
+               ReadsStrides(ReadsNoExtents(
+                   AsView(LinearIn(WithLocalSize(Reshape, "size")), ViewKind::kOther))));
   RegisterRule("aten::permute_copy", ReadsNoExtents(AsView(LinearIn([](const ir::Node& n) {
     return Permute(n, IntListArg(n, ArgIndex(n, "dims")));
-  }))));
-  RegisterRules({"aten::transpose_copy", "aten::t_copy"}, ReadsNoExtents(AsView(LinearIn(Transpose))));
-  RegisterRule("aten::expand_copy", ReadsNoExtents(AsView(WithLocalSize(Expand, "size"))));
-  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"}, ReadsNoExtents(AsView(LinearIn(SqueezeLike))));
-  RegisterRules({"aten::select_copy", "aten::unbind_copy"}, ReadsNoExtents(AsView(LinearIn(Select))));
+  }), ViewKind::kPermute)));
+  RegisterRules({"aten::transpose_copy", "aten::t_copy"},
+                ReadsNoExtents(AsView(LinearIn(Transpose), ViewKind::kPermute)));
+  RegisterRule("aten::expand_copy",
+               ReadsNoExtents(AsView(WithLocalSize(Expand, "size"), ViewKind::kReshape)));
+  RegisterRules({"aten::squeeze_copy", "aten::unsqueeze_copy"},
+                ReadsNoExtents(AsView(LinearIn(SqueezeLike), ViewKind::kReshape)));
+  RegisterRules({"aten::select_copy", "aten::unbind_copy"},
+                ReadsNoExtents(AsView(LinearIn(Select), ViewKind::kSubset)));
   RegisterRule("aten::cat", ReadsNoExtents([](const ir::Node& n) { return Join(n, false); }));
   RegisterRule("aten::stack", ReadsNoExtents([](const ir::Node& n) { return Join(n, true); }));
   RegisterRule("aten::slice_scatter",
@@ -344,7 +356,7 @@ void RegisterViewRules() {
                ReadsNoExtents([](const ir::Node& n) { return ScatterInto(n, true); }));
   RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
                  "aten::narrow_copy"},
-                ReadsNoExtents(AsView(LinearIn(Positional(SlicedDim)))));
+                ReadsNoExtents(AsView(LinearIn(Positional(SlicedDim)), ViewKind::kReshape)));
   RegisterRule("aten::cumsum", ReadsNoExtents(LinearIn(Positional(DimArg))));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
