@@ -9,6 +9,7 @@
 #include "aten/lazy_tensor.h"
 #include "aten/op_plan.h"
 #include "aten/recorder.h"
+#include "aten/sharding_api.h"
 #include "aten/sync.h"
 #include "core/metrics.h"
 
@@ -155,6 +156,19 @@ void SameValue(OpPlan& plan, torch::jit::Stack* stack) {
   stack->push_back(out);
 }
 
+// clone: the clone of a tensor the user annotated carries the annotation, as PyTorch/XLA's
+// clone copies its source's sharding spec: it reports that sharding at once (deepcopy too,
+// which clones) and is laid out alike.
+void CloneKeepingAnnotation(OpPlan& plan, torch::jit::Stack* stack) {
+  const size_t n = plan.info->args.size();
+  const c10::IValue& self = torch::jit::peek(*stack, 0, n);
+  LazyImpl* impl = self.isTensor() ? TryGetLazyImpl(self.toTensor()) : nullptr;
+  const SlotPtr source = impl ? impl->slot() : nullptr;
+  RecordOp(plan, stack);
+  if (source && source->annotation.valid() && stack->back().isTensor())
+    CarryAnnotation(source, stack->back().toTensor());
+}
+
 }  // namespace
 
 SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
@@ -169,6 +183,7 @@ SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
       {"aten::detach_copy", SameValue},
       {"aten::alias_copy", SameValue},
       {"aten::lift_fresh_copy", SameValue},
+      {"aten::clone", CloneKeepingAnnotation},
   };
   auto it = table->find(qualified_name);
   return it == table->end() ? nullptr : it->second;

@@ -688,3 +688,22 @@ def test_mixed_ops_keep_inplace_identity_and_leaf_gradients():
     w = dev_tensor(torch.randn(4, 3))
     (leaf @ w).sum().backward()
     torch.testing.assert_close(leaf.grad.cpu(), w.cpu().sum(1).expand(8, 4).contiguous())
+
+
+def test_clone_and_deepcopy_of_an_annotated_tensor_carry_its_sharding():
+    # PyTorch/XLA's clone copies its source's sharding spec: the clone (and a deepcopy, which
+    # clones) reports it before the step runs, is laid out so after it, and equals its source.
+    import copy
+    x = torch.randn(8, 6)
+    for make_source in (lambda: dev_tensor(x), lambda: dev_tensor(x) * 2):  # data, pending
+        src = make_source()
+        xs.mark_sharding(src, mesh_4x2(), ("data", "model"))
+        want = spec_of(src)
+        assert want == "{devices=[4,2]0,1,2,3,4,5,6,7}"
+        twin, deep = src.clone(), copy.deepcopy(src)
+        assert spec_of(twin) == want and spec_of(deep) == want and spec_of(src) == want
+        xm.mark_step()
+        assert spec_of(twin) == want and spec_of(deep) == want
+        assert torch.equal(twin.cpu(), src.cpu()) and torch.equal(deep.cpu(), src.cpu())
+    # A clone of an unannotated tensor stays free for propagation to place.
+    assert spec_of(dev_tensor(x).clone()) == ""
