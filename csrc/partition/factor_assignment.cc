@@ -115,7 +115,8 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
   for (size_t i = 0; i < results.size() && i < rule.results.size(); ++i)
     collect(rule.results[i], results[i], result_types[i]);
 
-  // Larger tensors first (then longer axis lists): they keep their layout, smaller ones move.
+  // Higher-priority factors first, then those of larger tensors (then longer axis lists):
+  // they keep their layout, smaller ones move.
   for (auto& c : candidates)
     std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.axes.size() > b.axes.size();
@@ -123,8 +124,10 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
   std::vector<int> order(num_factors);
   std::iota(order.begin(), order.end(), 0);
   auto best_bytes = [&](int f) { return candidates[f].empty() ? 0 : candidates[f][0].bytes; };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return best_bytes(a) > best_bytes(b); });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const int pa = rule.factors[a].priority, pb = rule.factors[b].priority;
+    return pa != pb ? pa > pb : best_bytes(a) > best_bytes(b);
+  });
 
   FactorAxes assigned(num_factors);
   int num_groups = 1;

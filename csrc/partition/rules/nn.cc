@@ -5,6 +5,7 @@
 // the partial results sum to the single-device value.
 #include "partition/local_builder.h"
 #include "partition/rules/all_rules.h"
+#include "partition/rules/local_ops.h"
 #include "partition/rules/rule.h"
 
 namespace spmd::partition {
@@ -192,14 +193,21 @@ std::optional<ShardingRule> LayerNorm(const ir::Node& node, bool backward) {
   return rule;
 }
 
-// embedding(weight [V,D], indices [...]) -> [..., D]: the vocabulary replicates.
+// embedding(weight [V,D], indices [...]) -> [..., D]. The vocabulary may stay sharded
+// (Megatron's vocab-parallel embedding): each device looks up the indices that fall in its
+// rows and gives zeros for the others, so the result is a partial sum over the vocabulary's
+// axes, all-reduced as activations instead of the table being all-gathered.
 std::optional<ShardingRule> Embedding(const ir::Node& node) {
   const TensorType& weight = node.input(0).type();
   const TensorType& indices = node.input(1).type();
   if (weight.rank() != 2) return std::nullopt;
   ShardingRule rule;
   rule.reads_extents = false;  // kept rows are independent
-  int v = rule.AddFactor(weight.shape[0], FactorKind::kNeedReplication);
+  const bool vocab_parallel = indices.rank() > 0;
+  int v = rule.AddFactor(weight.shape[0], vocab_parallel ? FactorKind::kReduction
+                                                         : FactorKind::kNeedReplication);
+  // (Not Factor::sums: a lookup in concatenated tiles is not the sum of per-tile lookups.)
+  rule.factors[v].priority = -1;  // the indices' batch dims keep their axes (rule.h)
   int d = rule.AddFactor(weight.shape[1]);
   TensorFactors fi = PassThroughFactors(rule, indices);
   // The padding of sharded index dims holds garbage that the kernel would reject as out of
@@ -209,12 +217,22 @@ std::optional<ShardingRule> Embedding(const ir::Node& node) {
   fo.push_back({d});
   rule.operands = {{{v}, {d}}, fi};
   rule.results = {fo};
+  rule.lower = [v](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    const AxisList& axes = b.factor_axes()[v];
+    if (axes.empty()) return b.EmitNodeOp(ops);
+    const int64_t rows = ops[0].local_shape()[0];
+    LocalIndex idx = IndexIntoTile(b, ops[1], axes, rows, /*exclude=*/-1, /*mask_for_rows=*/true);
+    LocalValue looked_up = b.EmitNodeOp({ops[0], idx.index})[0];
+    return std::vector<LocalValue>{WhereElseZero(b, idx.in_range, looked_up)};
+  };
   return rule;
 }
 
 // embedding_dense_backward(grad [..., D], indices [...], num_weights, padding_idx, scale)
 // -> [V, D]: every index position sums into the table, unless gradients are scaled by a
-// frequency that only the whole batch knows.
+// frequency that only the whole batch knows. The table's rows may be sharded (the gradient of
+// a vocab-parallel embedding): each device sums the positions whose index falls in its rows
+// (and is not padding_idx) into them, no gradient of the whole table is formed.
 std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   const TensorType& grad = node.input(0).type();
   const TensorType& indices = node.input(1).type();
@@ -227,11 +245,31 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
     rule.factors[fi.back()[0]].sums = !scale_by_freq;  // each position adds into the table
   }
   int d = rule.AddFactor(grad.shape.back());
-  int v = rule.AddFactor(node.output(0).shape[0], FactorKind::kNeedReplication);
+  // (Frequencies count every position, the other devices' too: the rows then replicate.)
+  const bool row_parallel = !scale_by_freq && indices.rank() > 0;
+  int v = rule.AddFactor(node.output(0).shape[0],
+                         row_parallel ? FactorKind::kPassThrough : FactorKind::kNeedReplication);
+  rule.factors[v].priority = -1;  // the positions' dims keep their axes (rule.h)
   TensorFactors fg = fi;
   fg.push_back({d});
   rule.operands = {fg, fi};
   rule.results = {{{v}, {d}}};
+  if (!row_parallel) return rule;
+  const int num_weights = ArgIndex(node, "num_weights");
+  const int padding = ArgIndex(node, "padding_idx");
+  const int64_t padding_idx = padding >= 0 ? node.args()[padding].i : -1;
+  if (num_weights < 0 || padding < 0) return std::nullopt;
+  rule.lower = [v, num_weights, padding, padding_idx](LocalBuilder& b,
+                                                      const std::vector<LocalValue>& ops) {
+    const AxisList& axes = b.factor_axes()[v];
+    if (axes.empty()) return b.EmitNodeOp(ops);
+    const int64_t rows = b.result_layout(0).ShardShape(b.node().output(0).shape)[0];
+    LocalIndex idx = IndexIntoTile(b, ops[1], axes, rows, padding_idx, /*mask_for_rows=*/true);
+    std::vector<ir::Arg> args = b.WithSlots(b.node().args());
+    args[num_weights] = ir::Arg::Int(rows);
+    args[padding] = ir::Arg::Int(-1);  // masked above, by its global index
+    return b.EmitNodeOp({WhereElseZero(b, idx.in_range, ops[0]), idx.index}, std::move(args));
+  };
   return rule;
 }
 

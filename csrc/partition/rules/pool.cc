@@ -16,6 +16,7 @@
 #include "ir/internal_ops.h"
 #include "partition/halo.h"
 #include "partition/rules/all_rules.h"
+#include "partition/rules/local_ops.h"
 #include "partition/rules/rule.h"
 #include "partition/rules/window.h"
 
@@ -90,22 +91,6 @@ std::vector<Arg> LocalPoolArgs(LocalBuilder& b, const SpatialDims& space,
 
 // ---- max pooling indices: local (extended tile) <-> global flat positions ----
 
-LocalValue Binary(LocalBuilder& b, const char* op, const LocalValue& x, const LocalValue& y,
-                  int64_t alpha = 1) {
-  static const std::vector<ir::ArgSchema> schema = {
-      {"self", ArgType::kTensor}, {"other", ArgType::kTensor}, {"alpha", ArgType::kScalar}};
-  return b.EmitOp(op, schema, {x.value, y.value},
-                  {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(alpha)}, x.value.type(), x.layout,
-                  x.global);
-}
-
-LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int64_t v) {
-  static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
-                                                    {"other", ArgType::kScalar}};
-  return b.EmitOp(op, schema, {x.value}, {Arg::Tensor(0), Arg::ScalarInt(v)}, x.value.type(), x.layout,
-                  x.global);
-}
-
 LocalValue FloorDiv(LocalBuilder& b, const LocalValue& x, int64_t v) {
   static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
                                                     {"other", ArgType::kScalar},
@@ -113,29 +98,6 @@ LocalValue FloorDiv(LocalBuilder& b, const LocalValue& x, int64_t v) {
   return b.EmitOp("aten::div.Scalar_mode", schema, {x.value},
                   {Arg::Tensor(0), Arg::ScalarInt(v), Arg::String("floor")}, x.value.type(), x.layout,
                   x.global);
-}
-
-// A [1] int64 tensor holding, on the member i of the group over `axes`, i * tile - left: the
-// global row of local (extended) row 0. An arange sliced per device (no communication).
-LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t left) {
-  const int64_t k = AxesSize(b.mesh(), axes);
-  static const std::vector<ir::ArgSchema> schema = {
-      {"start", ArgType::kScalar},         {"end", ArgType::kScalar},
-      {"step", ArgType::kScalar},          {"dtype", ArgType::kScalarType, true},
-      {"layout", ArgType::kLayout, true},  {"device", ArgType::kDevice, true},
-      {"pin_memory", ArgType::kBool, true}};
-  TensorType all{DType::kInt64, {k}};
-  const MeshPtr& mesh = b.program().mesh();
-  LocalValue offsets = b.EmitOp("aten::arange.start_step", schema, {},
-                                {Arg::ScalarInt(-left), Arg::ScalarInt(k * tile - left), Arg::ScalarInt(tile),
-                                 Arg::None(), Arg::None(), Arg::None(), Arg::None()},
-                                all, Sharding::Replicated(mesh, 1), all);
-  Sharding sliced = Sharding::Tiled(mesh, {axes});
-  ir::Value v = b.program().EmitInternal(
-      ir::InternalOps::Get().shard_slice, offsets.value,
-      {Arg::Int(0), Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end())), Arg::Int(k)},
-      TensorType{DType::kInt64, {1}}, sliced, nullptr, axes);
-  return LocalValue{v, sliced, all};
 }
 
 // Re-encodes flat (h, w) positions from a plane of width `from_w` to one of width `to_w`,

@@ -56,6 +56,12 @@ struct Factor {
   // each result with it, those values side by side: the executor computes a partial result
   // that an all-reduce or reduce-scatter then sums in one such call (runtime/fold.h).
   bool sums = false;
+  // When two factors of the op want the same mesh axis, the one of higher priority gets it
+  // (AssignFactors; among equals, the one of the larger tensor). A factor whose sharding is
+  // an option rather than the op's natural layout yields (-1): a vocab-parallel embedding's
+  // table rows give way to the batch dims of its indices, so FSDP, sharding both over one
+  // axis, still gathers the table instead of the activations.
+  int priority = 0;
 };
 
 using DimFactors = std::vector<int>;  // the factors a dim is made of, major to minor

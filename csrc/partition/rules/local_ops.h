@@ -1,0 +1,37 @@
+// Small local computations that custom lowerings emit (rules/*.cc): arithmetic and masks on
+// local values, and each device's offset into a dim tiled over some mesh axes. Each returns a
+// LocalValue laid out as its first operand (the lowering that emits it consumes it at once).
+#pragma once
+#include <cstdint>
+
+#include "partition/local_builder.h"
+
+namespace spmd::partition {
+
+// x op y (an `alpha`-taking binary op such as aten::add.Tensor or aten::sub.Tensor), with the
+// result's dtype `out` (default: x's).
+LocalValue Binary(LocalBuilder& b, const char* op, const LocalValue& x, const LocalValue& y,
+                  int64_t alpha = 1, DType out = DType::kUndefined);
+// x op v for an op taking (self, Scalar other) (aten::mul.Scalar, aten::ge.Scalar, ...), with
+// the result's dtype `out` (default: x's; comparisons give kBool).
+LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int64_t v,
+                      DType out = DType::kUndefined);
+// A [1] int64 tensor holding, on member i of the group over `axes`, i * tile - left: the global
+// index of local index 0 along a dim tiled over `axes` (`left` extra leading elements, a
+// halo). An arange sliced per device (no communication).
+LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t left);
+// Where `keep` (bool, broadcast onto x from the right) x, else 0.
+LocalValue WhereElseZero(LocalBuilder& b, const LocalValue& keep, const LocalValue& x);
+
+// An index tensor into a dim tiled over `axes` in tiles of `rows`, made local to each device:
+// `index` the local position (clamped into [0, rows)), `in_range` whether the global index
+// falls in the device's tile (and is not `exclude`, when that is >= 0); a [..., 1] mask when
+// `mask_for_rows`, for values with one more (trailing) dim than the indices.
+struct LocalIndex {
+  LocalValue index;
+  LocalValue in_range;
+};
+LocalIndex IndexIntoTile(LocalBuilder& b, const LocalValue& global_index, const AxisList& axes,
+                         int64_t rows, int64_t exclude, bool mask_for_rows);
+
+}  // namespace spmd::partition
