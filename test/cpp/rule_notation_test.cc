@@ -95,7 +95,7 @@ std::vector<Case> Cases() {
        {F32({10, 6}), I64({3, 4})},
        {Arg::Tensor(0), Arg::Tensor(1), Arg::Int(-1), Arg::Bool(false), Arg::Bool(false)},
        {F32({3, 4, 6})},
-       "([i, j], [k, l]) -> ([k, l, j]) {i=10, j=6, k=3, l=4} need_replication={i}"},
+       "([i, j], [k, l]) -> ([k, l, j]) {i=10, j=6, k=3, l=4} reduction={i} yields={i}"},
       {"aten::native_layer_norm",
        {{"input", ArgType::kTensor}, {"normalized_shape", ArgType::kIntList},
         {"weight", ArgType::kTensor, true}, {"bias", ArgType::kTensor, true},

@@ -65,6 +65,9 @@ std::string FactorNotation(const ShardingRule& rule) {
   out << FactorSet(rule, "sums", [](const Factor& f, int i) {
     return f.sums ? FactorName(i) : std::string();
   });
+  out << FactorSet(rule, "yields", [](const Factor& f, int i) {
+    return f.priority < 0 ? FactorName(i) : std::string();
+  });
   std::ostringstream linear;
   for (size_t o = 0; o < rule.linear_operands.size(); ++o)
     if (rule.linear_operands[o]) linear << (linear.tellp() > 0 ? ", " : "") << o;

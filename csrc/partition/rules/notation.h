@@ -7,7 +7,7 @@
 // Factors are named in the rule's order: i .. z, then a .. h, then f26, f27, ...; a compound
 // dim lists its factors major to minor without a separator ([ij]), a dim made of no factor is
 // written _. Sets follow the sizes: reduction (with a non-sum combiner in parentheses),
-// need_replication, windowed, sums; then the flags that are true: linear={operands},
+// need_replication, windowed, sums, yields (Factor::priority < 0); then the flags that are true: linear={operands},
 // additive, elementwise, reads_extents (the conservative default), reads_strides, view=<its ViewKind>, must_replicate.
 #pragma once
 #include <string>
