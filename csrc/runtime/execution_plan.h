@@ -24,7 +24,7 @@ namespace spmd::runtime {
 
 struct Instruction {
   const ir::Node* node;
-  int node_index = 0;  // position of `node` in program().nodes
+  int node_index = 0;  // position of `node` in the program's nodes
   std::vector<int> inputs;   // slot per node input
   std::vector<int> outputs;  // slot per node output
   std::vector<int> free_after;  // slots whose last use is this instruction
@@ -50,7 +50,8 @@ struct Instruction {
   int default_generator_seed = -1;  // run-time scalar index of a random op's seed, or -1
   bool random = false;              // draws random values (a seed above or a Generator arg)
   bool contiguous_inputs = false;   // it reads strides (OpTraits::reads_strides) or raw lists
-  ViewKind alias = ViewKind::kNone;  // may return a view of its input instead (see Lower)
+  // May return a view of its input instead of a copy, of this kind (view_aliasing.h).
+  ViewKind alias = ViewKind::kNone;
   bool share_input = false;  // a view dying no later than its input: shares its bytes
   // ATen ops: whether functorch has a batching rule (or a decomposition) for it; without one
   // it runs per row (functorch's own fallback would too, with more overhead).
