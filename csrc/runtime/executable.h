@@ -118,6 +118,10 @@ class Executable {
                      const std::vector<ir::ScalarValue>& scalars) const;
   at::Tensor ViewOfRows(const Instruction& ins, const Stacked& s,
                         const std::vector<ir::ScalarValue>& scalars) const;
+  // Frees the slots whose last reader `ins` is; a donated input's buffers give their device
+  // memory back and are listed in `given_back`.
+  static void FreeDeadSlots(const Instruction& ins, const std::vector<bool>& donated_slot,
+                            std::vector<SlotValue>& slots, std::vector<BufferPtr>* given_back);
   // Whether `input`'s allocations can move to a view of it (no one else holds its buffers).
   static bool CanTakeOver(const SlotValue& input);
   // Stores `results` (one per node output) as the instruction's output slots, each device

@@ -31,6 +31,53 @@ MergeFactors MergeFactorsOf(const ir::Node& node, const partition::OpTraits& tra
   return out;
 }
 
+namespace {
+
+// A plan over several groups of rows: the results hold every combination of their rows, which
+// must be exactly the combinations the devices hold (else nullopt). Among the orders of the
+// groups (the split puts their row dims in any order at no cost), prefer one numbering the
+// devices' rows 0..N-1 as the devices (a row-major mesh), so that other values holding one
+// row per device align.
+std::optional<MergePlan> OrderGroups(MergePlan plan, const std::vector<RowMapPtr>& maps) {
+  const int64_t n = maps[0]->num_devices();
+  std::vector<size_t> order(maps.size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = g;
+  std::optional<std::vector<size_t>> best;
+  std::shared_ptr<RowMap> best_map;
+  do {
+    auto joint = std::make_shared<RowMap>();
+    joint->row_of.resize(n);
+    joint->rows = 1;
+    for (const RowMapPtr& m : maps) joint->rows *= m->rows;
+    std::unordered_set<int32_t> seen;
+    bool identity = true;
+    for (int64_t d = 0; d < n; ++d) {
+      int64_t row = 0;
+      for (size_t g : order) row = row * maps[g]->rows + maps[g]->row_of[d];
+      joint->row_of[d] = static_cast<int32_t>(row);
+      seen.insert(static_cast<int32_t>(row));
+      identity &= row == d;
+    }
+    if (static_cast<int64_t>(seen.size()) != joint->rows) return std::nullopt;
+    if (!best || identity) {
+      best = order;
+      best_map = std::move(joint);
+    }
+    if (identity) break;
+  } while (std::next_permutation(order.begin(), order.end()));
+  // Reorder the groups' split dims and rows to the chosen order.
+  MergePlan ordered = plan;
+  for (size_t k = 0; k < best->size(); ++k) {
+    ordered.group_rows[k] = plan.group_rows[(*best)[k]];
+    for (size_t o = 0; o < plan.output_dim.size(); ++o)
+      ordered.output_dim[o][k] = plan.output_dim[o][(*best)[k]];
+  }
+  ordered.map = best_map->rows == n && *best_map == *IdentityMap(n) ? IdentityMap(n) : best_map;
+  return ordered;
+}
+
+}  // namespace
+
 std::optional<MergePlan> PlanMerge(const MergeFactors& factors,
                                    const std::vector<const Stacked*>& inputs) {
   // Inputs that vary over devices, grouped by how they vary.
@@ -72,45 +119,7 @@ std::optional<MergePlan> PlanMerge(const MergeFactors& factors,
     plan.map = maps[0];
     return plan;
   }
-  // Several groups: the results hold every combination of their rows, which must be exactly
-  // the combinations the devices hold. Among the orders of the groups (the split puts their
-  // row dims in any order at no cost), prefer one numbering the devices' rows 0..N-1 as the
-  // devices (a row-major mesh), so that other values holding one row per device align.
-  const int64_t n = maps[0]->num_devices();
-  std::vector<size_t> order(maps.size());
-  for (size_t g = 0; g < order.size(); ++g) order[g] = g;
-  std::optional<std::vector<size_t>> best;
-  std::shared_ptr<RowMap> best_map;
-  do {
-    auto joint = std::make_shared<RowMap>();
-    joint->row_of.resize(n);
-    joint->rows = 1;
-    for (const RowMapPtr& m : maps) joint->rows *= m->rows;
-    std::unordered_set<int32_t> seen;
-    bool identity = true;
-    for (int64_t d = 0; d < n; ++d) {
-      int64_t row = 0;
-      for (size_t g : order) row = row * maps[g]->rows + maps[g]->row_of[d];
-      joint->row_of[d] = static_cast<int32_t>(row);
-      seen.insert(static_cast<int32_t>(row));
-      identity &= row == d;
-    }
-    if (static_cast<int64_t>(seen.size()) != joint->rows) return std::nullopt;
-    if (!best || identity) {
-      best = order;
-      best_map = std::move(joint);
-    }
-    if (identity) break;
-  } while (std::next_permutation(order.begin(), order.end()));
-  // Reorder the groups' split dims and rows to the chosen order.
-  MergePlan ordered = plan;
-  for (size_t k = 0; k < best->size(); ++k) {
-    ordered.group_rows[k] = plan.group_rows[(*best)[k]];
-    for (size_t o = 0; o < plan.output_dim.size(); ++o)
-      ordered.output_dim[o][k] = plan.output_dim[o][(*best)[k]];
-  }
-  ordered.map = best_map->rows == n && *best_map == *IdentityMap(n) ? IdentityMap(n) : best_map;
-  return ordered;
+  return OrderGroups(std::move(plan), maps);
 }
 
 at::Tensor MergeRows(const at::Tensor& rows, int dim) {
