@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "ir/internal_ops.h"
+#include "partition/rules/local_ops.h"
 
 namespace spmd::partition {
 
@@ -73,14 +74,6 @@ LocalValue PadRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t be
                   x.layout, x.global);
 }
 
-LocalValue Add(LocalBuilder& b, const LocalValue& x, const LocalValue& y) {
-  static const std::vector<ir::ArgSchema> schema = {
-      {"self", ArgType::kTensor}, {"other", ArgType::kTensor}, {"alpha", ArgType::kScalar}};
-  return b.EmitOp("aten::add.Tensor", schema, {x.value, y.value},
-                  {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(1)}, x.value.type(), x.layout,
-                  x.global);
-}
-
 LocalValue Concat(LocalBuilder& b, const std::vector<LocalValue>& parts, int64_t dim) {
   SPMD_CHECK(!parts.empty(), "internal error: concatenating nothing");
   if (parts.size() == 1) return parts[0];
@@ -134,17 +127,17 @@ LocalValue HaloReduce(LocalBuilder& b, const LocalValue& ext, const Sharding& ti
   auto from_next = [&] { return Shift(b, SliceRows(b, e, dim, 0, left), axes, -1); };
   if (left + right > tile) {  // the two sums overlap: add whole-tile paddings of them
     LocalValue out = SliceRows(b, e, dim, left, tile);
-    if (right > 0) out = Add(b, out, PadRows(b, from_prev(), dim, 0, tile - right));
-    if (left > 0) out = Add(b, out, PadRows(b, from_next(), dim, tile - left, 0));
+    if (right > 0) out = Binary(b, "aten::add.Tensor", out, PadRows(b, from_prev(), dim, 0, tile - right));
+    if (left > 0) out = Binary(b, "aten::add.Tensor", out, PadRows(b, from_next(), dim, tile - left, 0));
     return out;
   }
   // [first rows + from_prev | middle | last rows + from_next]. The small edge pieces come
   // first, so that `ext` dies as soon as the middle is copied out of it: at most about two
   // tiles are live, as for the local op that made `ext`.
   std::vector<LocalValue> parts;
-  if (right > 0) parts.push_back(Add(b, SliceRows(b, e, dim, left, right), from_prev()));
+  if (right > 0) parts.push_back(Binary(b, "aten::add.Tensor", SliceRows(b, e, dim, left, right), from_prev()));
   LocalValue last =
-      left > 0 ? Add(b, SliceRows(b, e, dim, left + tile - left, left), from_next()) : e;
+      left > 0 ? Binary(b, "aten::add.Tensor", SliceRows(b, e, dim, left + tile - left, left), from_next()) : e;
   if (tile - left - right > 0)
     parts.push_back(SliceRows(b, e, dim, left + right, tile - left - right));
   if (left > 0) parts.push_back(last);

@@ -40,7 +40,6 @@ LocalValue SliceRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t 
 // x with `before` and `after` rows of `value` added on `dim` (aten::constant_pad_nd).
 LocalValue PadRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t before, int64_t after,
                    double value = 0);
-LocalValue Add(LocalBuilder& b, const LocalValue& x, const LocalValue& y);
 LocalValue Concat(LocalBuilder& b, const std::vector<LocalValue>& parts, int64_t dim);
 
 }  // namespace spmd::partition

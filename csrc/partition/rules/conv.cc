@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "partition/halo.h"
 #include "partition/rules/all_rules.h"
+#include "partition/rules/local_ops.h"
 #include "partition/rules/rule.h"
 #include "partition/rules/window.h"
 
@@ -160,7 +161,7 @@ std::optional<ShardingRule> Convolution(const ir::Node& node) {
     LocalValue sum = b.Resolve(b.EmitNodeOp(operands, args)[0]);
     Shape bias_shape(sum.value.type().rank(), 1);
     bias_shape[1] = bias_v.value.type().shape[0];
-    return std::vector<LocalValue>{Add(b, sum, ViewAs(b, bias_v, bias_shape))};
+    return std::vector<LocalValue>{Binary(b, "aten::add.Tensor", sum, ViewAs(b, bias_v, bias_shape))};
   };
   return rule;
 }

@@ -245,8 +245,11 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
     rule.factors[fi.back()[0]].sums = !scale_by_freq;  // each position adds into the table
   }
   int d = rule.AddFactor(grad.shape.back());
+  const int num_weights = ArgIndex(node, "num_weights");
+  const int padding = ArgIndex(node, "padding_idx");
   // (Frequencies count every position, the other devices' too: the rows then replicate.)
-  const bool row_parallel = !scale_by_freq && indices.rank() > 0;
+  const bool row_parallel =
+      !scale_by_freq && indices.rank() > 0 && num_weights >= 0 && padding >= 0;
   int v = rule.AddFactor(node.output(0).shape[0],
                          row_parallel ? FactorKind::kPassThrough : FactorKind::kNeedReplication);
   rule.factors[v].priority = -1;  // the positions' dims keep their axes (rule.h)
@@ -255,10 +258,7 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   rule.operands = {fg, fi};
   rule.results = {{{v}, {d}}};
   if (!row_parallel) return rule;
-  const int num_weights = ArgIndex(node, "num_weights");
-  const int padding = ArgIndex(node, "padding_idx");
-  const int64_t padding_idx = padding >= 0 ? node.args()[padding].i : -1;
-  if (num_weights < 0 || padding < 0) return std::nullopt;
+  const int64_t padding_idx = node.args()[padding].i;
   rule.lower = [v, num_weights, padding, padding_idx](LocalBuilder& b,
                                                       const std::vector<LocalValue>& ops) {
     const AxisList& axes = b.factor_axes()[v];
