@@ -25,8 +25,9 @@ enum class ViewKind {
 struct TraitFactor {
   enum class Use {
     kNone,
-    // A pass-through factor, not windowed: the op on inputs whose rows are concatenated along
-    // it is the op on each row, side by side (runtime/row_merge.h).
+    // A pass-through factor, neither windowed nor reading its whole dim: the op on inputs
+    // whose rows are concatenated along it is the op on each row, side by side
+    // (runtime/row_merge.h).
     kMerge,
     // A reduction factor the op adds its terms up over (Factor::sums): the op on operands
     // concatenated along it is the sum of the op on each part (runtime/fold.h).

@@ -14,5 +14,6 @@ void RegisterConvRules();  // conv.cc
 void RegisterPoolRules();  // pool.cc
 void RegisterForeachRules();  // foreach.cc
 void RegisterAttentionRules();  // attention.cc
+void RegisterSoftmaxRules();  // softmax.cc
 void RegisterAllRules();  // calls all of the above once
 }  // namespace spmd::partition

@@ -24,6 +24,18 @@ LocalValue Binary(LocalBuilder& b, const char* op, const LocalValue& x, const Lo
                   WithDType(x.value.type(), out), x.layout, WithDType(x.global, out));
 }
 
+LocalValue Multiply(LocalBuilder& b, const LocalValue& x, const LocalValue& y) {
+  static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
+                                                    {"other", ArgType::kTensor}};
+  return b.EmitOp("aten::mul.Tensor", schema, {x.value, y.value}, {Arg::Tensor(0), Arg::Tensor(1)},
+                  x.value.type(), x.layout, x.global);
+}
+
+LocalValue Unary(LocalBuilder& b, const char* op, const LocalValue& x) {
+  static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor}};
+  return b.EmitOp(op, schema, {x.value}, {Arg::Tensor(0)}, x.value.type(), x.layout, x.global);
+}
+
 LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int64_t v, DType out) {
   static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
                                                     {"other", ArgType::kScalar}};
@@ -53,12 +65,12 @@ LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_
   return LocalValue{v, sliced, all};
 }
 
-LocalValue WhereElseZero(LocalBuilder& b, const LocalValue& keep, const LocalValue& x) {
+LocalValue WhereElse(LocalBuilder& b, const LocalValue& keep, const LocalValue& x, int64_t other) {
   static const std::vector<ir::ArgSchema> schema = {
       {"condition", ArgType::kTensor}, {"self", ArgType::kTensor}, {"other", ArgType::kScalar}};
   return b.EmitOp("aten::where.ScalarOther", schema, {keep.value, x.value},
-                  {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(0)}, x.value.type(), x.layout,
-                  x.global);
+                  {Arg::Tensor(0), Arg::Tensor(1), Arg::ScalarInt(other)}, x.value.type(),
+                  x.layout, x.global);
 }
 
 LocalIndex IndexIntoTile(LocalBuilder& b, const LocalValue& global_index, const AxisList& axes,

@@ -12,6 +12,10 @@ namespace spmd::partition {
 // result's dtype `out` (default: x's).
 LocalValue Binary(LocalBuilder& b, const char* op, const LocalValue& x, const LocalValue& y,
                   int64_t alpha = 1, DType out = DType::kUndefined);
+// x * y (aten::mul.Tensor), laid out as x.
+LocalValue Multiply(LocalBuilder& b, const LocalValue& x, const LocalValue& y);
+// op(x) for an op taking only (self) (aten::exp, aten::log).
+LocalValue Unary(LocalBuilder& b, const char* op, const LocalValue& x);
 // x op v for an op taking (self, Scalar other) (aten::mul.Scalar, aten::ge.Scalar, ...), with
 // the result's dtype `out` (default: x's; comparisons give kBool).
 LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int64_t v,
@@ -20,8 +24,11 @@ LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int6
 // index of local index 0 along a dim tiled over `axes` (`left` extra leading elements, a
 // halo). An arange sliced per device (no communication).
 LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t left);
-// Where `keep` (bool, broadcast onto x from the right) x, else 0.
-LocalValue WhereElseZero(LocalBuilder& b, const LocalValue& keep, const LocalValue& x);
+// Where `keep` (bool, broadcast onto x from the right) x, else `other`.
+LocalValue WhereElse(LocalBuilder& b, const LocalValue& keep, const LocalValue& x, int64_t other);
+inline LocalValue WhereElseZero(LocalBuilder& b, const LocalValue& keep, const LocalValue& x) {
+  return WhereElse(b, keep, x, 0);
+}
 
 // An index tensor into a dim tiled over `axes` in tiles of `rows`, made local to each device:
 // `index` the local position (clamped into [0, rows)), `in_range` whether the global index

@@ -91,56 +91,92 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
   return rule;
 }
 
+// The class dim of nll_loss may stay sharded (Megatron's vocab-parallel cross entropy, after
+// a log_softmax over sharded logits, softmax.cc) when there is no class weight: each device
+// takes the targets that fall in its tile of classes, as local indices, and ignores the others
+// like ignore_index, so the forward's loss and total weight are partial sums over the class
+// axes and the backward writes each gradient on the device holding its class.
+constexpr int64_t kLocalIgnore = -1;  // never a local class index
+
+// `target` made local to each device's tile of classes (tiles of `classes` over `axes`), with
+// kLocalIgnore where it falls outside the tile or is `ignore_index`.
+LocalValue LocalTargets(LocalBuilder& b, const LocalValue& target, const AxisList& axes,
+                        int64_t classes, int64_t ignore_index) {
+  LocalIndex idx = IndexIntoTile(b, target, axes, classes, ignore_index, /*mask_for_rows=*/false);
+  return WhereElse(b, idx.in_range, idx.index, kLocalIgnore);
+}
+
+// The operands and args of an nll_loss node with the class factor `c` sharded: targets made
+// local, ignore_index kLocalIgnore. Unchanged when `c` is not sharded.
+void LocalizeClasses(LocalBuilder& b, int c, int64_t classes, std::vector<LocalValue>& ops,
+                     std::vector<ir::Arg>& args) {
+  const AxisList& axes = b.factor_axes()[c];
+  if (axes.empty()) return;
+  const ir::Node& n = b.node();
+  const int target = InputOfArg(n, "target");
+  const int ignore = ArgIndex(n, "ignore_index");
+  ops[target] = LocalTargets(b, ops[target], axes, classes, IntArg(n, ignore, -100));
+  args[ignore] = ir::Arg::Int(kLocalIgnore);
+}
+
 // nll_loss_forward(self [N,C] or [C], target [N] or [], weight [C]?, reduction, ignore_index)
-// -> (output, total_weight). Classes replicate. Padding rows read ignore_index as their target.
+// -> (output, total_weight). Padding rows read ignore_index as their target.
 std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   const TensorType& self = node.input(0).type();
   if (self.rank() != 2) return std::nullopt;
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
+  const bool weighted = node.inputs().size() > 2;
   ShardingRule rule;
   rule.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0], reduction == kReductionNone ? FactorKind::kPassThrough
                                                                     : FactorKind::kReduction);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
   rule.factors[n].always_mask = true;
-  int c = rule.AddFactor(self.shape[1], FactorKind::kNeedReplication);
+  // (A class weight would be looked up on another device than the target's log-probability.)
+  int c = rule.AddFactor(self.shape[1], weighted ? FactorKind::kNeedReplication
+                                                 : FactorKind::kReduction);
+  rule.factors[c].priority = -1;  // the rows keep their axes (rule.h)
   rule.operands = {{{n}, {c}}, {{n}}};
-  if (node.inputs().size() > 2) rule.operands.push_back({{c}});  // weight
+  if (weighted) rule.operands.push_back({{c}});
   rule.results = {reduction == kReductionNone ? TensorFactors{{n}} : TensorFactors{}, {}};
-  if (reduction == kReductionNone) rule.reduced_in_result = {{}, {n}};
-  if (reduction == kReductionMean) {
+  if (reduction == kReductionNone) rule.reduced_in_result = {{c}, {n, c}};
+  const int reduction_arg = ArgIndex(node, "reduction");
+  rule.lower = [reduction_arg, reduction, c](LocalBuilder& b, std::vector<LocalValue> ops) {
+    std::vector<ir::Arg> args = b.WithSlots(b.node().args());
+    LocalizeClasses(b, c, ops[0].local_shape()[1], ops, args);
+    if (reduction != kReductionMean) return b.EmitNodeOp(ops, args);
     // Local sum and local total weight; output = sum / total over all devices. The total is
     // reduced now (the backward pass reads it); the output stays a pending partial sum.
-    int reduction_arg = ArgIndex(node, "reduction");
-    rule.lower = [reduction_arg](LocalBuilder& b, const std::vector<LocalValue>& ops) {
-      std::vector<ir::Arg> args = b.WithSlots(b.node().args());
-      args[reduction_arg] = ir::Arg::Int(2);  // Sum
-      std::vector<LocalValue> r = b.EmitNodeOp(ops, args);
-      LocalValue total = b.Resolve(r[1]);
-      LocalValue out = b.EmitOp(
-          "aten::div.Tensor", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}},
-          {r[0].value, total.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, r[0].value.type(),
-          r[0].layout, r[0].global);
-      return std::vector<LocalValue>{out, total};
-    };
-  }
+    args[reduction_arg] = ir::Arg::Int(2);  // Sum
+    std::vector<LocalValue> r = b.EmitNodeOp(ops, args);
+    LocalValue total = b.Resolve(r[1]);
+    LocalValue out = b.EmitOp(
+        "aten::div.Tensor", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}},
+        {r[0].value, total.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, r[0].value.type(),
+        r[0].layout, r[0].global);
+    return std::vector<LocalValue>{out, total};
+  };
   return rule;
 }
 
 // nll_loss_backward(grad_output, self, target, weight?, reduction, ignore_index, total_weight)
-// -> grad_input like self: rows pass through (total_weight is already global).
+// -> grad_input like self: rows pass through (total_weight is already global), and so do the
+// classes when there is no weight (see NllLoss).
 std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   const TensorType& self = node.input(1).type();
   if (self.rank() != 2) return std::nullopt;
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
+  const bool weighted = InputOfArg(node, "weight") >= 0;
   ShardingRule rule;
   rule.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0]);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
   rule.factors[n].always_mask = true;
-  int c = rule.AddFactor(self.shape[1], FactorKind::kNeedReplication);
+  int c = rule.AddFactor(self.shape[1], weighted ? FactorKind::kNeedReplication
+                                                 : FactorKind::kPassThrough);
+  rule.factors[c].priority = -1;  // the rows keep their axes (rule.h)
   rule.operands.resize(node.inputs().size());
   for (size_t i = 0; i < node.inputs().size(); ++i) rule.operands[i] = TensorFactors(node.input(i).type().rank());
   auto set = [&](const char* name, TensorFactors tf) {
@@ -152,6 +188,12 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   set("weight", {{c}});
   if (reduction == kReductionNone) set("grad_output", {{n}});
   rule.results = {{{n}, {c}}};
+  if (weighted) return rule;
+  rule.lower = [c](LocalBuilder& b, std::vector<LocalValue> ops) {
+    std::vector<ir::Arg> args = b.WithSlots(b.node().args());
+    LocalizeClasses(b, c, ops[InputOfArg(b.node(), "self")].local_shape()[1], ops, args);
+    return b.EmitNodeOp(ops, args);
+  };
   return rule;
 }
 

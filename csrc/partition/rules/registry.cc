@@ -80,6 +80,7 @@ void RegisterAllRules() {
     RegisterPoolRules();
     RegisterForeachRules();
     RegisterAttentionRules();
+    RegisterSoftmaxRules();
   });
 }
 

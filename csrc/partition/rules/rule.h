@@ -46,6 +46,11 @@ struct Factor {
   // unsharded and the operands are gathered. A windowed factor must be a dim's only factor.
   bool windowed = false;
   int64_t max_tiles = 0;  // windowed factors only; 0 = no limit
+  // Pass-through factor whose result at one index reads the operands at every index of it (a
+  // softmax's dim): the result keeps the dim, so it may stay sharded, but then the rule's
+  // `lower` must combine the tiles (rules/softmax.cc), and the executor never merges devices'
+  // rows into it (runtime/row_merge.h).
+  bool reads_whole_dim = false;
   // Independent iteration spaces within one op (the elements of a list op such as
   // _foreach_add): a mesh axis shards at most one factor of each group. Default: one group.
   int group = 0;

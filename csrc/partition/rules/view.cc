@@ -360,9 +360,8 @@ void RegisterViewRules() {
   RegisterRule("aten::cumsum", ReadsNoExtents(LinearIn(Positional(DimArg))));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
-  RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_softmax",
-                 "aten::_safe_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
-                 "aten::_log_softmax_backward_data"},
+  // (_softmax and _log_softmax: softmax.cc.)
+  RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_safe_softmax"},
                 ReadsNoExtents(Positional(DimArg)));
   RegisterRules({"aten::flip", "aten::roll"}, ReadsNoExtents(LinearIn(Positional(DimsArg))));
   RegisterRules({"aten::tril", "aten::triu"}, ReadsNoExtents(LinearIn(Positional(LastTwo))));

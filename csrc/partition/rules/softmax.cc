@@ -1,0 +1,147 @@
+// Softmax and log-softmax over a dim that may stay sharded (Megatron's vocab-parallel cross
+// entropy: logits sharded over the vocabulary are never gathered). Each device normalizes its
+// own tile by the log-sum-exp of the whole dim, which it finds from every tile's own
+// log-sum-exp (an all-gather of one value per tile and row); the backward passes need one sum
+// per row over the dim (an all-reduce). Unsharded, the op runs as it is.
+//
+//   _log_softmax(x, d):                    x - lse(x)          lse from the tiles' lse
+//   _softmax(x, d):                        exp(x - lse(x))
+//   _log_softmax_backward_data(g, y, d):   g - exp(y) * sum_d(g)
+//   _softmax_backward_data(g, y, d):       y * (g - sum_d(g * y))
+#include <limits>
+
+#include "partition/local_builder.h"
+#include "partition/rules/all_rules.h"
+#include "partition/rules/local_ops.h"
+#include "partition/rules/rule.h"
+
+namespace spmd::partition {
+
+namespace {
+
+using ir::Arg;
+using ir::ArgType;
+
+enum class Normalizer { kSoftmax, kLogSoftmax, kSoftmaxBackward, kLogSoftmaxBackward };
+
+TensorType WithDim(TensorType t, int64_t d, int64_t size) {
+  t.shape[d] = size;
+  return t;
+}
+
+// `s` with dim d untiled.
+Sharding Untiled(LocalBuilder& b, const Sharding& s, int64_t d) {
+  std::vector<AxisList> dims = s.dim_axes();
+  dims[d] = {};
+  return Sharding::Tiled(b.program().mesh(), std::move(dims));
+}
+
+// log(sum(exp(x))) over dim d (kept, of size 1), x's dim d tiled over `axes`: each tile's own
+// log-sum-exp, gathered (one value per tile), then theirs. A tile of padding only (-inf) adds
+// nothing.
+LocalValue LogSumExp(LocalBuilder& b, const LocalValue& x, int64_t d, const AxisList& axes) {
+  static const std::vector<ir::ArgSchema> schema = {
+      {"self", ArgType::kTensor}, {"dim", ArgType::kIntList}, {"keepdim", ArgType::kBool}};
+  const std::vector<Arg> args = {Arg::Tensor(0), Arg::IntList({d}), Arg::Bool(true)};
+  const int64_t tiles = AxesSize(b.mesh(), axes);
+  LocalValue each = b.EmitOp("aten::logsumexp", schema, {x.value}, args,
+                             WithDim(x.value.type(), d, 1), x.layout, WithDim(x.global, d, tiles));
+  LocalValue all = Reshard(b.program(), each, Untiled(b, x.layout, d));
+  LocalValue lse = b.EmitOp("aten::logsumexp", schema, {all.value}, args,
+                            WithDim(all.value.type(), d, 1), all.layout, WithDim(x.global, d, 1));
+  // The kernel on the whole row subtracts its max first: a row holding +inf, or only -inf,
+  // gives NaN everywhere (inf - inf). logsumexp gives +-inf there, which would leave the
+  // finite entries finite: lse + (lse - lse) is NaN exactly when lse is infinite.
+  return Binary(b, "aten::add.Tensor", lse, Binary(b, "aten::sub.Tensor", lse, lse));
+}
+
+// sum(x) over dim d (kept, of size 1), x's dim d tiled over `axes`: local sums, all-reduced.
+// x's padding must be 0.
+LocalValue SumOverTiles(LocalBuilder& b, const LocalValue& x, int64_t d, const AxisList& axes) {
+  static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
+                                                    {"dim", ArgType::kIntList, true},
+                                                    {"keepdim", ArgType::kBool},
+                                                    {"dtype", ArgType::kScalarType, true}};
+  LocalValue partial = b.EmitOp(
+      "aten::sum.dim_IntList", schema, {x.value},
+      {Arg::Tensor(0), Arg::IntList({d}), Arg::Bool(true), Arg::None()},
+      WithDim(x.value.type(), d, 1), Untiled(b, x.layout, d).WithPartial(axes, ReduceOp::kSum),
+      WithDim(x.global, d, 1));
+  return b.Resolve(partial);
+}
+
+std::vector<LocalValue> LowerSharded(LocalBuilder& b, const std::vector<LocalValue>& ops,
+                                     Normalizer kind, int64_t d, const AxisList& axes) {
+  switch (kind) {
+    case Normalizer::kLogSoftmax:
+      return {Binary(b, "aten::sub.Tensor", ops[0], LogSumExp(b, ops[0], d, axes))};
+    case Normalizer::kSoftmax:
+      return {Unary(b, "aten::exp",
+                    Binary(b, "aten::sub.Tensor", ops[0], LogSumExp(b, ops[0], d, axes)))};
+    case Normalizer::kLogSoftmaxBackward: {
+      const LocalValue& g = ops[0];
+      LocalValue sum = SumOverTiles(b, g, d, axes);
+      return {Binary(b, "aten::sub.Tensor", g, Multiply(b, Unary(b, "aten::exp", ops[1]), sum))};
+    }
+    case Normalizer::kSoftmaxBackward: {
+      const LocalValue &g = ops[0], &y = ops[1];
+      LocalValue sum = SumOverTiles(b, Multiply(b, g, y), d, axes);
+      return {Multiply(b, y, Binary(b, "aten::sub.Tensor", g, sum))};
+    }
+  }
+  return {};
+}
+
+// Every dim passes through; the normalized dim reads its whole extent. It may stay sharded
+// when the op keeps its dtype (no half_to_float, no input_dtype cast), which the lowerings
+// above assume.
+std::optional<ShardingRule> Normalize(const ir::Node& node, Normalizer kind) {
+  const TensorType& in = node.input(0).type();
+  for (const ir::Value& v : node.inputs())
+    if (v.type().shape != in.shape) return std::nullopt;
+  if (node.output(0).shape != in.shape) return std::nullopt;
+  ShardingRule rule;
+  rule.reads_extents = false;  // rows are independent
+  TensorFactors fs = PassThroughFactors(rule, in);
+  rule.operands.assign(node.inputs().size(), fs);
+  rule.results = {fs};
+  if (in.rank() == 0) return rule;  // (dim 0 or -1 names the scalar itself)
+  const int64_t d = WrapDim(IntArg(node, ArgIndex(node, "dim")), in.rank());
+  Factor& f = rule.factors[fs[d][0]];
+  f.reads_whole_dim = true;
+  bool same_dtype = true;
+  for (const ir::Value& v : node.inputs()) same_dtype &= v.type().dtype == node.output(0).dtype;
+  if (!same_dtype) {
+    f.kind = FactorKind::kNeedReplication;
+    return rule;
+  }
+  // A sharded vocabulary is an option, not the op's natural layout: the batch dims keep their
+  // axes when both want one (rule.h).
+  f.priority = -1;
+  // Padding reads as -inf in the forward (exp gives 0), as 0 in the backward (adds nothing).
+  f.always_mask = true;
+  const bool forward = kind == Normalizer::kSoftmax || kind == Normalizer::kLogSoftmax;
+  f.pad_value = forward ? -std::numeric_limits<double>::infinity() : 0.0;
+  const int factor = fs[d][0];
+  rule.lower = [kind, d, factor](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    const AxisList& axes = b.factor_axes()[factor];
+    if (axes.empty()) return b.EmitNodeOp(ops);
+    return LowerSharded(b, ops, kind, d, axes);
+  };
+  return rule;
+}
+
+RuleBuilder With(Normalizer kind) {
+  return [kind](const ir::Node& n) { return Normalize(n, kind); };
+}
+
+}  // namespace
+
+void RegisterSoftmaxRules() {
+  RegisterRule("aten::_softmax", With(Normalizer::kSoftmax));
+  RegisterRule("aten::_log_softmax", With(Normalizer::kLogSoftmax));
+  RegisterRule("aten::_softmax_backward_data", With(Normalizer::kSoftmaxBackward));
+  RegisterRule("aten::_log_softmax_backward_data", With(Normalizer::kLogSoftmaxBackward));
+}
+
+}  // namespace spmd::partition
