@@ -223,14 +223,8 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     for (at::Tensor t : v.toTensorList()) results.push_back(t);
   TORCH_CHECK(results.size() == written.size(), schema.name(), ": its functional variant returned ",
               results.size(), " tensors for ", written.size(), " written ones");
-  for (size_t i = 0; i < written.size(); ++i) {
-    const auto& [t, previous] = written[i];
-    F::replace_(t, results[i]);
-    F::commit_update(t);
-    F::sync(t);
-    CarryAnnotation(previous, t);
-    ApplyQueuedUpdates(t);
-  }
+  for (size_t i = 0; i < written.size(); ++i)
+    CommitInPlace(written[i].first, results[i], written[i].second);
   torch::jit::drop(*stack, args.size());
 }
 

@@ -1,6 +1,8 @@
 #include "aten/sharding_api.h"
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalStorageImpl.h>
+#include <ATen/FunctionalTensorWrapper.h>
 
 #include <algorithm>
 #include <map>
@@ -87,6 +89,17 @@ void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {
                                   {ir::Arg::Tensor(0)}, {slot->value.type()});
   node->set_shardings({sharding});
   SetSlotValue(slot, ir::Value{node, 0});
+}
+
+void CommitInPlace(const at::Tensor& t, const at::Tensor& value, SlotPtr previous) {
+  namespace F = at::functionalization::impl;
+  F::replace_(t, value);
+  F::commit_update(t);
+  F::sync(t);
+  CarryAnnotation(previous, t);
+  if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+          t.storage().unsafeGetStorageImpl()))
+    storage->apply_updates();
 }
 
 void ClearSharding(const at::Tensor& t) {
@@ -254,7 +267,11 @@ void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards)
   auto data = runtime::Planning()
                   ? runtime::DeviceData::Planned(type, s)
                   : std::make_shared<runtime::DeviceData>(type, s, std::move(buffers));
-  SetSlotValue(impl->slot(), ir::Value{ir::MakeDataNode(data), 0});
+  ir::Value loaded{ir::MakeDataNode(data), 0};
+  // A write into t, which its aliases (a parameter behind its state_dict entry) must see.
+  if (at::functionalization::impl::isFunctionalTensor(t))
+    return CommitInPlace(t, MakeLazyTensor(loaded), impl->slot());
+  SetSlotValue(impl->slot(), loaded);
 }
 
 }  // namespace spmd::aten

@@ -19,7 +19,7 @@ OpTraits TraitsOf(const ir::Node& node) {
   for (size_t f = 0; f < rule->factors.size(); ++f) {
     const Factor& factor = rule->factors[f];
     TraitFactor t;
-    if (factor.kind == FactorKind::kPassThrough && !factor.windowed && !factor.reads_whole_dim)
+    if (factor.kind == FactorKind::kPassThrough && !factor.windowed && !factor.couples_tiles)
       t.use = TraitFactor::Use::kMerge;
     else if (factor.kind == FactorKind::kReduction && factor.sums)
       t.use = TraitFactor::Use::kFold;

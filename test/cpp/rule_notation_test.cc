@@ -74,7 +74,7 @@ std::vector<Case> Cases() {
        "([i, j]) -> ([i, _]) {i=4, j=6} reduction={j(max)}"},
       {"aten::_softmax", {kSelf, {"dim", ArgType::kInt}, {"half_to_float", ArgType::kBool}},
        {F32({4, 6})}, {Arg::Tensor(0), Arg::Int(1), Arg::Bool(false)}, {F32({4, 6})},
-       "([i, j]) -> ([i, j]) {i=4, j=6} whole_dim={j} yields={j}"},
+       "([i, j]) -> ([i, j]) {i=4, j=6} couples_tiles={j} yields={j}"},
       {"aten::gelu", {kSelf, {"approximate", ArgType::kString}}, {F32({4, 6})},
        {Arg::Tensor(0), Arg::String("none")}, {F32({4, 6})},
        "([i, j]) -> ([i, j]) {i=4, j=6} elementwise"},

@@ -92,6 +92,29 @@ def _xla_get_replication_devices_count() -> int:
     return count if count > 1 else 0
 
 
+_coordinator = {}
+
+
+def _ensure_xla_coordinator_initialized(global_rank: int, world_size: int, master_addr: str,
+                                        master_port: Optional[int] = None) -> None:
+    """PyTorch/XLA starts its runtime's distributed coordinator here (multi-host TPU pods).
+    torch_spmd's devices live in this process and its cross-process work goes over
+    torch.distributed, so there is nothing to start: the arguments are checked and kept
+    (``_is_xla_coordinator_initialized``)."""
+    for name, value in (("global_rank", global_rank), ("world_size", world_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"_ensure_xla_coordinator_initialized: {name} must be an int >= 0, "
+                             f"got {value!r}")
+    if global_rank >= world_size:
+        raise ValueError(f"_ensure_xla_coordinator_initialized: global_rank {global_rank} is "
+                         f"not below world_size {world_size}")
+    _coordinator.setdefault("args", (global_rank, world_size, master_addr, master_port))
+
+
+def _is_xla_coordinator_initialized() -> bool:
+    return "args" in _coordinator
+
+
 def _spmd_full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
     """Each device's shard of the sharded ``t`` as a ``{manual}`` tensor of the shard shape."""
     return _C._spmd_full_to_shard_shape(_plain(t))

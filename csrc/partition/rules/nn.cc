@@ -177,6 +177,7 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   int c = rule.AddFactor(self.shape[1], weighted ? FactorKind::kNeedReplication
                                                  : FactorKind::kPassThrough);
   rule.factors[c].priority = -1;  // the rows keep their axes (rule.h)
+  rule.factors[c].couples_tiles = true;  // written at each target's class
   rule.operands.resize(node.inputs().size());
   for (size_t i = 0; i < node.inputs().size(); ++i) rule.operands[i] = TensorFactors(node.input(i).type().rank());
   auto set = [&](const char* name, TensorFactors tf) {
@@ -295,6 +296,7 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   int v = rule.AddFactor(node.output(0).shape[0],
                          row_parallel ? FactorKind::kPassThrough : FactorKind::kNeedReplication);
   rule.factors[v].priority = -1;  // the positions' dims keep their axes (rule.h)
+  rule.factors[v].couples_tiles = true;  // summed into the row each index names
   TensorFactors fg = fi;
   fg.push_back({d});
   rule.operands = {fg, fi};

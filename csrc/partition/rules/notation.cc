@@ -62,8 +62,8 @@ std::string FactorNotation(const ShardingRule& rule) {
   out << FactorSet(rule, "windowed", [](const Factor& f, int i) {
     return f.windowed ? FactorName(i) : std::string();
   });
-  out << FactorSet(rule, "whole_dim", [](const Factor& f, int i) {
-    return f.reads_whole_dim ? FactorName(i) : std::string();
+  out << FactorSet(rule, "couples_tiles", [](const Factor& f, int i) {
+    return f.couples_tiles ? FactorName(i) : std::string();
   });
   out << FactorSet(rule, "sums", [](const Factor& f, int i) {
     return f.sums ? FactorName(i) : std::string();

@@ -46,11 +46,13 @@ struct Factor {
   // unsharded and the operands are gathered. A windowed factor must be a dim's only factor.
   bool windowed = false;
   int64_t max_tiles = 0;  // windowed factors only; 0 = no limit
-  // Pass-through factor whose result at one index reads the operands at every index of it (a
-  // softmax's dim): the result keeps the dim, so it may stay sharded, but then the rule's
-  // `lower` must combine the tiles (rules/softmax.cc), and the executor never merges devices'
-  // rows into it (runtime/row_merge.h).
-  bool reads_whole_dim = false;
+  // Pass-through factor over which the op on concatenated tiles is not the op on each tile
+  // side by side: a result element reads the operands at every index of it (a softmax's dim)
+  // or is placed by index values (the classes an nll_loss gradient writes at each target).
+  // The result keeps the dim, so it may stay sharded, but then the rule's `lower` must make the
+  // tiles agree (rules/softmax.cc, rules/nn.cc), and the executor never merges devices' rows
+  // into it (runtime/row_merge.h).
+  bool couples_tiles = false;
   // Independent iteration spaces within one op (the elements of a list op such as
   // _foreach_add): a mesh axis shards at most one factor of each group. Default: one group.
   int group = 0;

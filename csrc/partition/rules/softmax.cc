@@ -108,7 +108,7 @@ std::optional<ShardingRule> Normalize(const ir::Node& node, Normalizer kind) {
   if (in.rank() == 0) return rule;  // (dim 0 or -1 names the scalar itself)
   const int64_t d = WrapDim(IntArg(node, ArgIndex(node, "dim")), in.rank());
   Factor& f = rule.factors[fs[d][0]];
-  f.reads_whole_dim = true;
+  f.couples_tiles = true;
   bool same_dtype = true;
   for (const ir::Value& v : node.inputs()) same_dtype &= v.type().dtype == node.output(0).dtype;
   if (!same_dtype) {

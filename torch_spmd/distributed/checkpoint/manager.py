@@ -156,7 +156,7 @@ class CheckpointManager:
             if name.isdigit() and _is_uncommitted(path):
                 shutil.rmtree(path, ignore_errors=True)
 
-    def _write(self, step: int, snapshot) -> None:
+    def _save(self, step: int, snapshot) -> None:
         """Writes a ``capture`` snapshot (torch_spmd format) or a state dict / staged host
         copy (DCP) as step ``step``, then evicts."""
         with self._save_mutex:
@@ -196,7 +196,7 @@ class CheckpointManager:
         if not (self.should_save(step) or force):
             return False
         self.join()
-        self._write(step, state_dict if self.use_dcp else capture(state_dict))
+        self._save(step, state_dict if self.use_dcp else capture(state_dict))
         return True
 
     def save_async(self, step: int, state_dict: Any, force: Optional[bool] = False) -> bool:
@@ -209,7 +209,7 @@ class CheckpointManager:
         snapshot = (_dcp().stage_state_dict(state_dict) if self.use_dcp else
                     capture(state_dict))
         self._async_sem.acquire()
-        future = self._async_worker_pool.submit(self._write, step, snapshot)
+        future = self._async_worker_pool.submit(self._save, step, snapshot)
         future.add_done_callback(lambda _: self._async_sem.release())
         self._async_futures.append(future)
         return True

@@ -137,6 +137,27 @@ class HostShards:
                 f"pieces={[list(b[1]) for b, _ in self.pieces]})")
 
 
+def is_tiled_value(value: Any) -> bool:
+    """Whether a state-dict value is saved as tiles: ``HostShards`` or a tiled spmd tensor (a
+    replicated one, annotated or not, is saved whole)."""
+    if isinstance(value, HostShards):
+        return True
+    return isinstance(value, torch.Tensor) and _layout.is_tiled(_sharding(_unwrap(value)))
+
+
+class _SplitByTiling:
+    """PyTorch/XLA's planners' views of the flattened state dict (``self.state_dict``): the
+    entries saved as tiles, and the rest."""
+
+    @property
+    def sharded_state_dict(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.state_dict.items() if is_tiled_value(v)}
+
+    @property
+    def unsharded_state_dict(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.state_dict.items() if not is_tiled_value(v)}
+
+
 def stage_state_dict(state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
     """A host copy of ``state_dict`` that ``SPMDSavePlanner`` saves exactly like the original:
     tiled spmd tensors become ``HostShards``, other spmd tensors CPU copies, CPU tensors
@@ -216,7 +237,7 @@ def _check_chunks(fqn: str, md: TensorStorageMetadata) -> None:
                          f"{covered} of {_volume(size)} elements")
 
 
-class SPMDSavePlanner(SavePlanner):
+class SPMDSavePlanner(_SplitByTiling, SavePlanner):
     """Plans a DCP save of a state dict holding spmd tensors (sharded or not), CPU tensors,
     ``HostShards`` and other values (see the module docstring for what is written).
 
@@ -384,7 +405,7 @@ def _read_items(fqn: str, md: TensorStorageMetadata, boxes: Sequence[Box]) -> Li
     return items
 
 
-class SPMDLoadPlanner(LoadPlanner):
+class SPMDLoadPlanner(_SplitByTiling, LoadPlanner):
     """Plans a DCP load into a state dict holding spmd tensors (sharded or not), CPU tensors
     and other values, in place; each target keeps its device, dtype and layout.
 

@@ -3,9 +3,9 @@ checkpoints (``torch_spmd.distributed.checkpoint``): ``SPMDSavePlanner`` / ``SPM
 for ``torch.distributed.checkpoint``, ``CheckpointManager`` and ``prime_optimizer`` under the
 same names, plus ``save_dcp`` / ``load_dcp`` and torch_spmd's own ``save_sharded`` /
 ``load_sharded``."""
-from ..distributed import checkpoint as _checkpoint
-from ..distributed.checkpoint import (CheckpointManager, load_sharded, prime_optimizer,
-                                      read_metadata, save_sharded)
+from ...distributed import checkpoint as _checkpoint
+from ...distributed.checkpoint import (CheckpointManager, load_sharded, prime_optimizer,
+                                       read_metadata, save_sharded)
 
 _LAZY = ("SPMDSavePlanner", "SPMDLoadPlanner", "save_dcp", "load_dcp")
 
