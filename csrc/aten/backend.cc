@@ -258,8 +258,25 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
     at::Tensor value = F::from_functional_tensor(self);
     auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
         self.storage().unsafeGetStorageImpl());
-    // After a sync a root's value is its storage's base; a view's value never is.
-    if (storage && storage->base().unsafeGetTensorImpl() != value.unsafeGetTensorImpl()) {
+    // After a sync a root's value is its storage's base; a view's value never is. Two kinds
+    // of views keep aliasing too, as on CPU, since regenerating from the base, all the
+    // shallow copy can do, gives them exactly and keeps nothing alive that they did not: one
+    // holding its base's very IR value (a detach of a detach: a state_dict entry), and a
+    // parameter (nn.Parameter detaches the tensor it wraps: a view covering its whole base,
+    // which lives as long as the parameter). So loading into model.state_dict() updates the
+    // model. Other views keep the copy: a gradient's view (a transpose back to the base's
+    // shape) holds a value of its own, and an alias would keep its base alive with it.
+    const at::Tensor& base = storage ? storage->base() : value;
+    auto* base_impl = dynamic_cast<LazyImpl*>(base.unsafeGetTensorImpl());
+    auto* value_impl = dynamic_cast<LazyImpl*>(value.unsafeGetTensorImpl());
+    const bool whole = base.sizes() == value.sizes() && base.strides() == value.strides() &&
+                       base.storage_offset() == value.storage_offset() &&
+                       base.dtype() == value.dtype();
+    const bool base_value =
+        base_impl && value_impl && base_impl->slot()->value == value_impl->slot()->value;
+    const bool parameter = self.requires_grad() && self.is_leaf();
+    if (storage && base.unsafeGetTensorImpl() != value.unsafeGetTensorImpl() &&
+        !(whole && (base_value || parameter))) {
       at::Tensor detached;
       {
         at::AutoDispatchSkipFunctionalize guard;
