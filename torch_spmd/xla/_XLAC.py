@@ -115,6 +115,22 @@ def _is_xla_coordinator_initialized() -> bool:
     return "args" in _coordinator
 
 
+def _activate_preemption_sync_manager() -> None:
+    """SIGTERM becomes a preemption notice (torch_spmd.distributed.preemption)."""
+    from ..distributed import preemption
+    preemption.activate()
+
+
+def _deactivate_preemption_sync_manager() -> None:
+    from ..distributed import preemption
+    preemption.deactivate()
+
+
+def _sync_point_reached(step: int) -> bool:
+    from ..distributed import preemption
+    return preemption.sync_point_reached(step)
+
+
 def _spmd_full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
     """Each device's shard of the sharded ``t`` as a ``{manual}`` tensor of the shard shape."""
     return _C._spmd_full_to_shard_shape(_plain(t))

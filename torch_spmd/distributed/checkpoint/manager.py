@@ -57,10 +57,13 @@ class CheckpointManager:
       use_dcp: write each step as a standard ``torch.distributed.checkpoint`` checkpoint
         (``SPMDSavePlanner``; loadable by plain DCP) instead of torch_spmd's own format.
         ``restore`` reads either format, whatever this flag says.
-      num_of_threads, process_group, chkpt_on_preemption: accepted for compatibility. One
-        process drives every device here, so there is no process group to coordinate (PyTorch/
-        XLA asserts one exists), and there is no preemption service to sync with:
-        ``reached_preemption`` is always False.
+      chkpt_on_preemption: ``should_save`` is also true at the step ``reached_preemption``
+        names. Unlike PyTorch/XLA, the manager does not take over SIGTERM itself: call
+        ``torch_spmd.distributed.preemption.activate()`` to have SIGTERM noted as a preemption
+        (until then ``reached_preemption`` is False).
+      num_of_threads, process_group: accepted for compatibility. One process drives every
+        device here, so there is no process group to coordinate (PyTorch/XLA asserts one
+        exists).
 
     Example::
 
@@ -245,5 +248,8 @@ class CheckpointManager:
                 raise e
 
     def reached_preemption(self, step: int) -> bool:
-        """Always False: emulated devices are never preempted."""
-        return False
+        """Whether ``step`` is the sync point after a SIGTERM, once SIGTERM was taken as a
+        preemption notice (``torch_spmd.distributed.preemption.activate()``, or PyTorch/XLA's
+        ``_XLAC._activate_preemption_sync_manager()``); False otherwise."""
+        from .. import preemption
+        return preemption.sync_point_reached(step)
