@@ -1,7 +1,7 @@
 // Reductions. The reduced dims are reduction factors when partial results combine exactly
 // (sum, amax, amin, mean after rescaling); otherwise (var, std, norms, argmax, max with
-// indices, logsumexp, prod, any/all, cumulative ops) they need replication. Kept dims are
-// pass-through; keepdim leaves a size-1 dim with no factor.
+// indices, prod, any/all, cumulative ops) they need replication (logsumexp: softmax.cc).
+// Kept dims are pass-through; keepdim leaves a size-1 dim with no factor.
 #include <cmath>
 #include <limits>
 
@@ -96,7 +96,7 @@ void RegisterReductionRules() {
   // max.dim/min.dim also return indices, which cannot be combined from partial results.
   RegisterRules({"aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin",
                  "aten::var", "aten::std", "aten::var_mean", "aten::std_mean",
-                 "aten::logsumexp", "aten::prod", "aten::norm", "aten::linalg_vector_norm",
+                 "aten::prod", "aten::norm", "aten::linalg_vector_norm",
                  "aten::any", "aten::all", "aten::median", "aten::nanmedian"},
                 With(Combine::kNone));
 }

@@ -1,5 +1,5 @@
-// Softmax and log-softmax over a dim that may stay sharded (Megatron's vocab-parallel cross
-// entropy: logits sharded over the vocabulary are never gathered). Each device normalizes its
+// Softmax, log-softmax and logsumexp over dims that may stay sharded (Megatron's vocab-parallel
+// cross entropy: logits sharded over the vocabulary are never gathered). Each device normalizes its
 // own tile by the log-sum-exp of the whole dim, which it finds from every tile's own
 // log-sum-exp (an all-gather of one value per tile and row); the backward passes need one sum
 // per row over the dim (an all-reduce). Unsharded, the op runs as it is.
@@ -8,6 +8,7 @@
 //   _softmax(x, d):                        exp(x - lse(x))
 //   _log_softmax_backward_data(g, y, d):   g - exp(y) * sum_d(g)
 //   _softmax_backward_data(g, y, d):       y * (g - sum_d(g * y))
+#include <algorithm>
 #include <limits>
 
 #include "partition/local_builder.h"
@@ -29,29 +30,58 @@ TensorType WithDim(TensorType t, int64_t d, int64_t size) {
   return t;
 }
 
-// `s` with dim d untiled.
-Sharding Untiled(LocalBuilder& b, const Sharding& s, int64_t d) {
-  std::vector<AxisList> dims = s.dim_axes();
-  dims[d] = {};
-  return Sharding::Tiled(b.program().mesh(), std::move(dims));
+// `s` with `dims` untiled.
+Sharding Untiled(LocalBuilder& b, const Sharding& s, const std::vector<int64_t>& dims) {
+  std::vector<AxisList> axes = s.dim_axes();
+  for (int64_t d : dims) axes[d] = {};
+  return Sharding::Tiled(b.program().mesh(), std::move(axes));
 }
 
-// log(sum(exp(x))) over dim d (kept, of size 1), x's dim d tiled over `axes`: each tile's own
-// log-sum-exp, gathered (one value per tile), then theirs. A tile of padding only (-inf) adds
-// nothing.
-LocalValue LogSumExp(LocalBuilder& b, const LocalValue& x, int64_t d, const AxisList& axes) {
+// `t` with each of `dims` of size `size(d)`.
+template <typename Size>
+TensorType WithDims(TensorType t, const std::vector<int64_t>& dims, Size size) {
+  for (int64_t d : dims) t.shape[d] = size(d);
+  return t;
+}
+
+// torch.logsumexp(x, dims, keepdim), x's `dims` tiled over the axes of x.layout: each tile's
+// own log-sum-exp (a dim of one value per tile), gathered, then theirs. A tile of padding only
+// (-inf) adds nothing.
+LocalValue LogSumExpOverTiles(LocalBuilder& b, const LocalValue& x,
+                              const std::vector<int64_t>& dims, bool keepdim) {
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor}, {"dim", ArgType::kIntList}, {"keepdim", ArgType::kBool}};
-  const std::vector<Arg> args = {Arg::Tensor(0), Arg::IntList({d}), Arg::Bool(true)};
-  const int64_t tiles = AxesSize(b.mesh(), axes);
-  LocalValue each = b.EmitOp("aten::logsumexp", schema, {x.value}, args,
-                             WithDim(x.value.type(), d, 1), x.layout, WithDim(x.global, d, tiles));
-  LocalValue all = Reshard(b.program(), each, Untiled(b, x.layout, d));
-  LocalValue lse = b.EmitOp("aten::logsumexp", schema, {all.value}, args,
-                            WithDim(all.value.type(), d, 1), all.layout, WithDim(x.global, d, 1));
-  // The kernel on the whole row subtracts its max first: a row holding +inf, or only -inf,
-  // gives NaN everywhere (inf - inf). logsumexp gives +-inf there, which would leave the
-  // finite entries finite: lse + (lse - lse) is NaN exactly when lse is infinite.
+  auto one = [](int64_t) { return int64_t{1}; };
+  auto tiles = [&](int64_t d) { return AxesSize(b.mesh(), x.layout.axes(d)); };
+  LocalValue each = b.EmitOp("aten::logsumexp", schema, {x.value},
+                             {Arg::Tensor(0), Arg::IntList(dims), Arg::Bool(true)},
+                             WithDims(x.value.type(), dims, one), x.layout,
+                             WithDims(x.global, dims, tiles));
+  LocalValue all = Reshard(b.program(), each, Untiled(b, x.layout, dims));
+  TensorType local = WithDims(all.value.type(), dims, one), global = WithDims(x.global, dims, one);
+  Sharding layout = all.layout;
+  if (!keepdim) {
+    std::vector<AxisList> kept;
+    for (int64_t d = 0, r = 0; d < x.global.rank(); ++d) {
+      if (r < static_cast<int64_t>(dims.size()) && dims[r] == d) { ++r; continue; }
+      kept.push_back(layout.axes(d));
+    }
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+      local.shape.erase(local.shape.begin() + *it);
+      global.shape.erase(global.shape.begin() + *it);
+    }
+    layout = Sharding::Tiled(b.program().mesh(), std::move(kept));
+  }
+  return b.EmitOp("aten::logsumexp", schema, {all.value},
+                  {Arg::Tensor(0), Arg::IntList(dims), Arg::Bool(keepdim)}, local, layout, global);
+}
+
+// The log-sum-exp a softmax over dim d normalizes by (kept, of size 1). The kernel on the
+// whole row subtracts its max first: a row holding +inf, or only -inf, gives NaN everywhere
+// (inf - inf). logsumexp gives +-inf there, which would leave the finite entries finite:
+// lse + (lse - lse) is NaN exactly when lse is infinite.
+LocalValue SoftmaxLogSumExp(LocalBuilder& b, const LocalValue& x, int64_t d) {
+  LocalValue lse = LogSumExpOverTiles(b, x, {d}, /*keepdim=*/true);
   return Binary(b, "aten::add.Tensor", lse, Binary(b, "aten::sub.Tensor", lse, lse));
 }
 
@@ -65,7 +95,7 @@ LocalValue SumOverTiles(LocalBuilder& b, const LocalValue& x, int64_t d, const A
   LocalValue partial = b.EmitOp(
       "aten::sum.dim_IntList", schema, {x.value},
       {Arg::Tensor(0), Arg::IntList({d}), Arg::Bool(true), Arg::None()},
-      WithDim(x.value.type(), d, 1), Untiled(b, x.layout, d).WithPartial(axes, ReduceOp::kSum),
+      WithDim(x.value.type(), d, 1), Untiled(b, x.layout, {d}).WithPartial(axes, ReduceOp::kSum),
       WithDim(x.global, d, 1));
   return b.Resolve(partial);
 }
@@ -74,10 +104,10 @@ std::vector<LocalValue> LowerSharded(LocalBuilder& b, const std::vector<LocalVal
                                      Normalizer kind, int64_t d, const AxisList& axes) {
   switch (kind) {
     case Normalizer::kLogSoftmax:
-      return {Binary(b, "aten::sub.Tensor", ops[0], LogSumExp(b, ops[0], d, axes))};
+      return {Binary(b, "aten::sub.Tensor", ops[0], SoftmaxLogSumExp(b, ops[0], d))};
     case Normalizer::kSoftmax:
       return {Unary(b, "aten::exp",
-                    Binary(b, "aten::sub.Tensor", ops[0], LogSumExp(b, ops[0], d, axes)))};
+                    Binary(b, "aten::sub.Tensor", ops[0], SoftmaxLogSumExp(b, ops[0], d)))};
     case Normalizer::kLogSoftmaxBackward: {
       const LocalValue& g = ops[0];
       LocalValue sum = SumOverTiles(b, g, d, axes);
@@ -131,6 +161,46 @@ std::optional<ShardingRule> Normalize(const ir::Node& node, Normalizer kind) {
   return rule;
 }
 
+// logsumexp(x, dim[], keepdim): the kept dims pass through; the reduced ones may stay sharded
+// (LogSumExpOverTiles), their padding read as -inf.
+std::optional<ShardingRule> LogSumExp(const ir::Node& node) {
+  const TensorType& in = node.input(0).type();
+  if (in.rank() == 0) return std::nullopt;
+  std::vector<int64_t> dims = IntListArg(node, ArgIndex(node, "dim"));
+  if (dims.empty())  // reduces every dim, as sum does
+    for (int64_t d = 0; d < in.rank(); ++d) dims.push_back(d);
+  for (int64_t& d : dims) d = WrapDim(d, in.rank());
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  const bool keepdim = BoolArg(node, ArgIndex(node, "keepdim"), false);
+  ShardingRule rule;
+  rule.reads_extents = false;  // kept dims are independent
+  TensorFactors operand, result;
+  std::vector<int> reduced;
+  for (int64_t d = 0; d < in.rank(); ++d) {
+    const bool reduces = std::binary_search(dims.begin(), dims.end(), d);
+    int f = rule.AddFactor(in.shape[d],
+                           reduces ? FactorKind::kReduction : FactorKind::kPassThrough);
+    operand.push_back({f});
+    if (!reduces) {
+      result.push_back({f});
+      continue;
+    }
+    rule.factors[f].pad_value = -std::numeric_limits<double>::infinity();
+    reduced.push_back(f);
+    if (keepdim) result.push_back({});
+  }
+  rule.operands = {operand};
+  rule.results = {result};
+  rule.lower = [dims, keepdim, reduced](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    bool sharded = false;
+    for (int f : reduced) sharded |= !b.factor_axes()[f].empty();
+    if (!sharded) return b.EmitNodeOp(ops);
+    return std::vector<LocalValue>{LogSumExpOverTiles(b, ops[0], dims, keepdim)};
+  };
+  return rule;
+}
+
 RuleBuilder With(Normalizer kind) {
   return [kind](const ir::Node& n) { return Normalize(n, kind); };
 }
@@ -142,6 +212,7 @@ void RegisterSoftmaxRules() {
   RegisterRule("aten::_log_softmax", With(Normalizer::kLogSoftmax));
   RegisterRule("aten::_softmax_backward_data", With(Normalizer::kSoftmaxBackward));
   RegisterRule("aten::_log_softmax_backward_data", With(Normalizer::kLogSoftmaxBackward));
+  RegisterRule("aten::logsumexp", LogSumExp);
 }
 
 }  // namespace spmd::partition
