@@ -93,7 +93,8 @@ at::Tensor ToCopyFunctionalize(const at::Tensor& self, c10::optional<at::ScalarT
 //    "regenerates" from the base and pins superseded buffers (steady training memory grows).
 //    Fix: a detached view becomes a new root holding the view's current value; it no longer
 //    aliases the base (in-place writes to a detached *view* do not reach the base), while
-//    detached roots keep aliasing, which zero_grad and clip_grad_norm_ rely on.
+//    detached roots, parameters and detaches of detaches keep aliasing, which zero_grad,
+//    clip_grad_norm_ and loading into model.state_dict() rely on (see the kDetach case).
 // 2. (kInplace, kOut) Its mutating kernels assert "mutating a non-functional tensor with a
 //    functional tensor is not allowed" (an INTERNAL ASSERT asking users to report a PyTorch
 //    bug) when a host tensor meets an spmd tensor. Fix: check devices first and raise

@@ -1,8 +1,8 @@
-// Softmax, log-softmax and logsumexp over dims that may stay sharded (Megatron's vocab-parallel
-// cross entropy: logits sharded over the vocabulary are never gathered). Each device normalizes its
-// own tile by the log-sum-exp of the whole dim, which it finds from every tile's own
-// log-sum-exp (an all-gather of one value per tile and row); the backward passes need one sum
-// per row over the dim (an all-reduce). Unsharded, the op runs as it is.
+// Softmax, log-softmax and logsumexp over dims that may stay sharded (Megatron's
+// vocab-parallel cross entropy: logits sharded over the vocabulary are never gathered). Each
+// device normalizes its own tile by the log-sum-exp of the whole dim, which it finds from every
+// tile's own log-sum-exp (an all-gather of one value per tile and row); the backward passes
+// need one sum per row over the dim (an all-reduce). Unsharded, the op runs as it is.
 //
 //   _log_softmax(x, d):                    x - lse(x)          lse from the tiles' lse
 //   _softmax(x, d):                        exp(x - lse(x))
@@ -25,11 +25,6 @@ using ir::ArgType;
 
 enum class Normalizer { kSoftmax, kLogSoftmax, kSoftmaxBackward, kLogSoftmaxBackward };
 
-TensorType WithDim(TensorType t, int64_t d, int64_t size) {
-  t.shape[d] = size;
-  return t;
-}
-
 // `s` with `dims` untiled.
 Sharding Untiled(LocalBuilder& b, const Sharding& s, const std::vector<int64_t>& dims) {
   std::vector<AxisList> axes = s.dim_axes();
@@ -43,6 +38,7 @@ TensorType WithDims(TensorType t, const std::vector<int64_t>& dims, Size size) {
   for (int64_t d : dims) t.shape[d] = size(d);
   return t;
 }
+constexpr auto kOne = [](int64_t) { return int64_t{1}; };
 
 // torch.logsumexp(x, dims, keepdim), x's `dims` tiled over the axes of x.layout: each tile's
 // own log-sum-exp (a dim of one value per tile), gathered, then theirs. A tile of padding only
@@ -51,14 +47,14 @@ LocalValue LogSumExpOverTiles(LocalBuilder& b, const LocalValue& x,
                               const std::vector<int64_t>& dims, bool keepdim) {
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor}, {"dim", ArgType::kIntList}, {"keepdim", ArgType::kBool}};
-  auto one = [](int64_t) { return int64_t{1}; };
   auto tiles = [&](int64_t d) { return AxesSize(b.mesh(), x.layout.axes(d)); };
   LocalValue each = b.EmitOp("aten::logsumexp", schema, {x.value},
                              {Arg::Tensor(0), Arg::IntList(dims), Arg::Bool(true)},
-                             WithDims(x.value.type(), dims, one), x.layout,
+                             WithDims(x.value.type(), dims, kOne), x.layout,
                              WithDims(x.global, dims, tiles));
   LocalValue all = Reshard(b.program(), each, Untiled(b, x.layout, dims));
-  TensorType local = WithDims(all.value.type(), dims, one), global = WithDims(x.global, dims, one);
+  TensorType local = WithDims(all.value.type(), dims, kOne);
+  TensorType global = WithDims(x.global, dims, kOne);
   Sharding layout = all.layout;
   if (!keepdim) {
     std::vector<AxisList> kept;
@@ -95,8 +91,8 @@ LocalValue SumOverTiles(LocalBuilder& b, const LocalValue& x, int64_t d, const A
   LocalValue partial = b.EmitOp(
       "aten::sum.dim_IntList", schema, {x.value},
       {Arg::Tensor(0), Arg::IntList({d}), Arg::Bool(true), Arg::None()},
-      WithDim(x.value.type(), d, 1), Untiled(b, x.layout, {d}).WithPartial(axes, ReduceOp::kSum),
-      WithDim(x.global, d, 1));
+      WithDims(x.value.type(), {d}, kOne),
+      Untiled(b, x.layout, {d}).WithPartial(axes, ReduceOp::kSum), WithDims(x.global, {d}, kOne));
   return b.Resolve(partial);
 }
 
