@@ -21,8 +21,8 @@ How an iteration is planned (the same for every row, no per-row tuning):
   explicit matmuls and softmax where it did not (Megatron-LM of vTrain's and the 2022 paper's
   time);
 - layout: Megatron tensor parallelism (column-parallel q/k/v and fc1, row-parallel out and fc2,
-  vocabulary-parallel embedding) x data parallelism, or FSDP (every parameter sharded on its
-  largest dim) x data parallelism across slices;
+  vocabulary-parallel embedding and cross entropy) x data parallelism, or FSDP (every parameter
+  sharded on its largest dim) x data parallelism across slices;
 - gradient accumulation: ``m = global batch / (micro batch x data-parallel ways)`` micro-steps.
   Two programs are planned: a micro-step (forward + backward, gradients accumulated with their
   reductions deferred) and the last micro-step with the reductions and the optimizer step;
