@@ -91,11 +91,22 @@ def test_column_parallel_lm_head_and_loss_keep_the_logits_sharded():
     no_logit_gather(r, n // 2, vocab // 4)
 
 
-def test_weighted_loss_and_half_to_float_still_gather_and_equal_cpu():
+@pytest.mark.parametrize("weight_spec", [("model",), None])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_weighted_loss_over_vocab_sharded_logits_equals_cpu(reduction, weight_spec):
+    # The class weight is tiled like the classes (uneven: 10 over 4, padding poisoned), or
+    # replicated and sliced so.
     mesh = mesh_of((2, 4))
     weight = torch.rand(10, generator=torch.Generator().manual_seed(3)) + 0.5
-    check(lambda x, t, w: F.cross_entropy(x, t, weight=w), [T(6, 10), ids(10, 6), weight],
-          [(None, "model"), None, None], mesh, grad=[0])
+    target = ids(10, 6)
+    target[2] = -100
+    r = check(lambda x, t, w: F.cross_entropy(x, t, weight=w, reduction=reduction),
+              [T(6, 10), target, weight], [(None, "model"), None, weight_spec], mesh, grad=[0])
+    no_logit_gather(r, 6, 3)
+
+
+def test_dtype_cast_log_softmax_equals_cpu():
+    mesh = mesh_of((2, 4))
     x16 = T(6, 10).to(torch.bfloat16)
     check(lambda x: torch.log_softmax(x, dim=-1, dtype=torch.float32), [x16],
           [(None, "model")], mesh)

@@ -92,10 +92,11 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
 }
 
 // The class dim of nll_loss may stay sharded (Megatron's vocab-parallel cross entropy, after
-// a log_softmax over sharded logits, softmax.cc) when there is no class weight: each device
-// takes the targets that fall in its tile of classes, as local indices, and ignores the others
-// like ignore_index, so the forward's loss and total weight are partial sums over the class
-// axes and the backward writes each gradient on the device holding its class.
+// a log_softmax over sharded logits, softmax.cc): each device takes the targets that fall in
+// its tile of classes, as local indices, and ignores the others like ignore_index, so the
+// forward's loss and total weight are partial sums over the class axes and the backward
+// writes each gradient on the device holding its class. A class weight is tiled like the
+// classes: each target's weight lies on the device holding its log-probability.
 constexpr int64_t kLocalIgnore = -1;  // never a local class index
 
 // `target` made local to each device's tile of classes (tiles of `classes` over `axes`), with
@@ -126,19 +127,16 @@ std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   if (self.rank() != 2) return std::nullopt;
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
-  const bool weighted = node.inputs().size() > 2;
   ShardingRule rule;
   rule.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0], reduction == kReductionNone ? FactorKind::kPassThrough
                                                                     : FactorKind::kReduction);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
   rule.factors[n].always_mask = true;
-  // (A class weight would be looked up on another device than the target's log-probability.)
-  int c = rule.AddFactor(self.shape[1], weighted ? FactorKind::kNeedReplication
-                                                 : FactorKind::kReduction);
+  int c = rule.AddFactor(self.shape[1], FactorKind::kReduction);
   rule.factors[c].priority = -1;  // the rows keep their axes (rule.h)
   rule.operands = {{{n}, {c}}, {{n}}};
-  if (weighted) rule.operands.push_back({{c}});
+  if (node.inputs().size() > 2) rule.operands.push_back({{c}});  // weight
   rule.results = {reduction == kReductionNone ? TensorFactors{{n}} : TensorFactors{}, {}};
   if (reduction == kReductionNone) rule.reduced_in_result = {{c}, {n, c}};
   const int reduction_arg = ArgIndex(node, "reduction");
@@ -161,21 +159,19 @@ std::optional<ShardingRule> NllLoss(const ir::Node& node) {
 }
 
 // nll_loss_backward(grad_output, self, target, weight?, reduction, ignore_index, total_weight)
-// -> grad_input like self: rows pass through (total_weight is already global), and so do the
-// classes when there is no weight (see NllLoss).
+// -> grad_input like self: rows and classes pass through (total_weight is already global; see
+// NllLoss).
 std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   const TensorType& self = node.input(1).type();
   if (self.rank() != 2) return std::nullopt;
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
-  const bool weighted = InputOfArg(node, "weight") >= 0;
   ShardingRule rule;
   rule.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0]);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
   rule.factors[n].always_mask = true;
-  int c = rule.AddFactor(self.shape[1], weighted ? FactorKind::kNeedReplication
-                                                 : FactorKind::kPassThrough);
+  int c = rule.AddFactor(self.shape[1]);
   rule.factors[c].priority = -1;  // the rows keep their axes (rule.h)
   rule.factors[c].couples_tiles = true;  // written at each target's class
   rule.operands.resize(node.inputs().size());
@@ -189,7 +185,6 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   set("weight", {{c}});
   if (reduction == kReductionNone) set("grad_output", {{n}});
   rule.results = {{{n}, {c}}};
-  if (weighted) return rule;
   rule.lower = [c](LocalBuilder& b, std::vector<LocalValue> ops) {
     std::vector<ir::Arg> args = b.WithSlots(b.node().args());
     LocalizeClasses(b, c, ops[InputOfArg(b.node(), "self")].local_shape()[1], ops, args);
