@@ -159,15 +159,6 @@ std::unordered_map<const c10::FunctionSchema*, WrappedKernel>& WrappedKernels() 
   return *kernels;
 }
 
-// Applies the updates queued on a functional tensor's storage now. Parameters are views
-// (nn.Parameter detaches the tensor it wraps) whose base nobody reads, so their updates would
-// queue up forever, each pinning a device buffer. The same scatters are recorded either way.
-void ApplyQueuedUpdates(const at::Tensor& t) {
-  if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
-          t.storage().unsafeGetStorageImpl()))
-    storage->apply_updates();
-}
-
 // kInplaceList. torch's generated functionalization kernels for these ops refuse a call in
 // which one written list is empty and another holds device tensors ("mutating a non-functional
 // tensor with a functional tensor", an internal assert): Adam's max_exp_avg_sqs without

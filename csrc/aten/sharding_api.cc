@@ -91,15 +91,19 @@ void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {
   SetSlotValue(slot, ir::Value{node, 0});
 }
 
+void ApplyQueuedUpdates(const at::Tensor& t) {
+  if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+          t.storage().unsafeGetStorageImpl()))
+    storage->apply_updates();
+}
+
 void CommitInPlace(const at::Tensor& t, const at::Tensor& value, SlotPtr previous) {
   namespace F = at::functionalization::impl;
   F::replace_(t, value);
   F::commit_update(t);
   F::sync(t);
   CarryAnnotation(previous, t);
-  if (auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
-          t.storage().unsafeGetStorageImpl()))
-    storage->apply_updates();
+  ApplyQueuedUpdates(t);
 }
 
 void ClearSharding(const at::Tensor& t) {

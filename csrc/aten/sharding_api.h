@@ -21,11 +21,14 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding);
 // After an in-place op replaced the value behind a functional tensor: the new value takes the
 // annotation of the one it replaced (`previous`), so the tensor keeps the user's layout.
 void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated);
+// Applies the updates queued on a functional tensor's storage now. Parameters are views
+// (nn.Parameter detaches the tensor it wraps) whose base nobody reads, so their updates would
+// queue up forever, each pinning a device buffer. The same scatters are recorded either way.
+void ApplyQueuedUpdates(const at::Tensor& t);
 // Writes `value` (an unwrapped spmd tensor) into functional tensor `t` as an in-place op does:
 // t's aliases see it (a parameter and the detached copies in its state_dict share storage), t
 // keeps the annotation of its value before (`previous`, held here: replacing the value may
-// free the LazyImpl that held it), and the update is applied to the shared storage at once
-// (backend.cc explains why).
+// free the LazyImpl that held it), and the update is applied at once (ApplyQueuedUpdates).
 void CommitInPlace(const at::Tensor& t, const at::Tensor& value, SlotPtr previous);
 // Removes the annotation: device data is gathered back to replicated; a pending constraint is
 // dropped.

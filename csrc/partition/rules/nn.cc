@@ -125,7 +125,8 @@ void LocalizeClasses(LocalBuilder& b, int c, int64_t classes, std::vector<LocalV
 std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   const TensorType& self = node.input(0).type();
   if (self.rank() != 2) return std::nullopt;
-  int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
+  const int reduction_arg = ArgIndex(node, "reduction");
+  int reduction = static_cast<int>(IntArg(node, reduction_arg, kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
   ShardingRule rule;
   rule.reads_extents = false;  // kept rows are independent
@@ -139,7 +140,6 @@ std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   if (node.inputs().size() > 2) rule.operands.push_back({{c}});  // weight
   rule.results = {reduction == kReductionNone ? TensorFactors{{n}} : TensorFactors{}, {}};
   if (reduction == kReductionNone) rule.reduced_in_result = {{c}, {n, c}};
-  const int reduction_arg = ArgIndex(node, "reduction");
   rule.lower = [reduction_arg, reduction, c](LocalBuilder& b, std::vector<LocalValue> ops) {
     std::vector<ir::Arg> args = b.WithSlots(b.node().args());
     LocalizeClasses(b, c, ops[0].local_shape()[1], ops, args);
