@@ -22,17 +22,13 @@ void RecordPermute(ProgramBuilder& b, const AxisList& axes, int64_t bytes, const
 }
 
 // Rows of x shifted by `shift` members along `axes` (member i receives member i - shift's rows;
-// members with no such source get zeros): one spmd::collective_permute.
+// members with no such source get zeros).
 LocalValue Shift(LocalBuilder& b, const LocalValue& x, const AxisList& axes, int64_t shift) {
   const int64_t k = AxesSize(b.mesh(), axes);
   std::vector<int64_t> pairs;
   for (int64_t i = 0; i < k; ++i)
     if (i + shift >= 0 && i + shift < k) pairs.insert(pairs.end(), {i, i + shift});
-  ir::Value r = b.program().EmitInternal(ir::InternalOps::Get().collective_permute, x.value,
-                                         {AxesArg(axes), Arg::IntList(pairs)}, x.value.type(),
-                                         x.layout, nullptr, axes);
-  RecordPermute(b.program(), axes, x.value.type().bytes(), r.node.get());
-  return LocalValue{r, x.layout, x.global};
+  return PermuteTiles(b, x, axes, std::move(pairs));
 }
 
 Shape WithExtent(Shape s, int64_t dim, int64_t extent) {
@@ -41,6 +37,24 @@ Shape WithExtent(Shape s, int64_t dim, int64_t extent) {
 }
 
 }  // namespace
+
+LocalValue PermuteTiles(LocalBuilder& b, const LocalValue& x, const AxisList& axes,
+                        std::vector<int64_t> pairs) {
+  ir::Value r = b.program().EmitInternal(ir::InternalOps::Get().collective_permute, x.value,
+                                         {AxesArg(axes), Arg::IntList(std::move(pairs))},
+                                         x.value.type(), x.layout, nullptr, axes);
+  RecordPermute(b.program(), axes, x.value.type().bytes(), r.node.get());
+  return LocalValue{r, x.layout, x.global};
+}
+
+LocalValue RotateTiles(LocalBuilder& b, const LocalValue& x, const AxisList& axes, int64_t shift) {
+  const int64_t k = AxesSize(b.mesh(), axes);
+  shift = ((shift % k) + k) % k;
+  if (shift == 0) return x;
+  std::vector<int64_t> pairs;
+  for (int64_t i = 0; i < k; ++i) pairs.insert(pairs.end(), {i, (i + shift) % k});
+  return PermuteTiles(b, x, axes, std::move(pairs));
+}
 
 LocalValue SliceRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t start,
                      int64_t length) {

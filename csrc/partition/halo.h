@@ -34,6 +34,15 @@ LocalValue HaloExchange(LocalBuilder& b, const LocalValue& v, int64_t dim, int64
 LocalValue HaloReduce(LocalBuilder& b, const LocalValue& ext, const Sharding& tile_layout,
                       int64_t dim, int64_t left, int64_t right);
 
+// x's tiles moved `shift` members along `axes`, cyclically: member i receives member
+// (i - shift) mod k's buffer. One spmd::collective_permute (none when shift is 0 mod k),
+// recorded as one collective-permute of x's bytes. The result keeps x's layout: the caller
+// places the moved rows.
+LocalValue RotateTiles(LocalBuilder& b, const LocalValue& x, const AxisList& axes, int64_t shift);
+// x's tiles moved by an explicit permutation: member pairs[2i] sends to pairs[2i + 1].
+LocalValue PermuteTiles(LocalBuilder& b, const LocalValue& x, const AxisList& axes,
+                        std::vector<int64_t> pairs);
+
 // Helpers for multi-op lowerings on local values (the layout and global type are `like`'s).
 LocalValue SliceRows(LocalBuilder& b, const LocalValue& x, int64_t dim, int64_t start,
                      int64_t length);

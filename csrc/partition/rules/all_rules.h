@@ -15,5 +15,6 @@ void RegisterPoolRules();  // pool.cc
 void RegisterForeachRules();  // foreach.cc
 void RegisterAttentionRules();  // attention.cc
 void RegisterSoftmaxRules();  // softmax.cc
+void RegisterShiftRules();  // shift.cc
 void RegisterAllRules();  // calls all of the above once
 }  // namespace spmd::partition

@@ -81,6 +81,7 @@ void RegisterAllRules() {
     RegisterForeachRules();
     RegisterAttentionRules();
     RegisterSoftmaxRules();
+    RegisterShiftRules();
   });
 }
 

@@ -1,7 +1,7 @@
 // Shape and layout ops of the functional IR: reshapes (compound factors), permutations,
 // broadcasts, squeeze/unsqueeze, slicing and selection, concatenation and splitting, the
 // scatter ops functionalization emits for writes through views, and ops whose result depends
-// on absolute positions along some dims (flip, cumsum, tril, sort, ...). A dim that is cut,
+// on absolute positions along some dims (cumsum, tril, sort, ...). A dim that is cut,
 // shifted or read at absolute positions needs replication; the others pass through.
 #include <algorithm>
 
@@ -180,11 +180,6 @@ RuleBuilder Positional(std::function<std::vector<int64_t>(const ir::Node&, int64
 }
 
 std::vector<int64_t> DimArg(const ir::Node& n, int64_t rank) { return {Dim(n, "dim", rank)}; }
-std::vector<int64_t> DimsArg(const ir::Node& n, int64_t rank) {
-  std::vector<int64_t> dims = IntListArg(n, ArgIndex(n, "dims"));
-  for (auto& d : dims) d = WrapDim(d, rank);
-  return dims;
-}
 std::vector<int64_t> LastTwo(const ir::Node& n, int64_t rank) {
   return rank >= 2 ? std::vector<int64_t>{rank - 2, rank - 1} : std::vector<int64_t>{};
 }
@@ -363,7 +358,7 @@ void RegisterViewRules() {
   // (_softmax and _log_softmax: softmax.cc.)
   RegisterRules({"aten::cumprod", "aten::sort", "aten::topk", "aten::_safe_softmax"},
                 ReadsNoExtents(Positional(DimArg)));
-  RegisterRules({"aten::flip", "aten::roll"}, ReadsNoExtents(LinearIn(Positional(DimsArg))));
+  // (flip and roll: shift.cc.)
   RegisterRules({"aten::tril", "aten::triu"}, ReadsNoExtents(LinearIn(Positional(LastTwo))));
   RegisterRule("aten::constant_pad_nd", ReadsNoExtents(Positional(PaddedDims)));
   RegisterRule("aten::repeat", ReadsNoExtents(Positional(AllDims)));
