@@ -12,6 +12,7 @@ the outermost module and for ops outside any module, such as the loss). Optimize
 scoped ``optimizer``. It is on by default (``enable(False)`` turns it off); modules running on
 other devices are not affected beyond the hook calls.
 """
+import contextlib
 import threading
 import weakref
 from typing import List, Optional, Tuple
@@ -127,6 +128,28 @@ def enable(on: bool = True) -> None:
         optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
         optimizer_mod.register_optimizer_step_post_hook(_post_step),
     ]
+
+
+@contextlib.contextmanager
+def scope(name: str, holder: torch.nn.Module):
+    """Records what runs inside under ``<current path>.<name>`` (a part of a module's forward,
+    e.g. one iteration of a pipeline); a module run inside is named by its path in ``holder``
+    below that (``pipe.iteration3.block``), and its backward ops ``... (backward)`` as usual."""
+    if _compiling() or not _handles:
+        yield
+        return
+    stack = _stack()
+    top = stack[-1][1] if stack else ""
+    path = f"{top}.{name}" if top else name
+    entry = (weakref.ref(holder), path)
+    stack.append(entry)
+    _set(path)
+    try:
+        yield
+    finally:
+        if entry in stack:
+            del stack[len(stack) - 1 - stack[::-1].index(entry)]
+        _set(stack[-1][1] if stack else "")
 
 
 def current() -> str:
