@@ -58,8 +58,11 @@ class GPT(torch.nn.Module):
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
-        for block in self.blocks:
-            x = block(x)
+        if isinstance(self.blocks, torch.nn.ModuleList):
+            for block in self.blocks:
+                x = block(x)
+        else:  # one module running every block (torch_spmd.distributed.pipeline.Pipeline)
+            x = self.blocks(x)
         return self.head(self.ln(x))
 
     def loss(self, idx, targets):

@@ -15,6 +15,8 @@ Studies:
   partitioning (input sharded on its spatial dims), not with data parallelism.
 - llama70b: a 70B Llama-style model, 2-D (fsdp x tensor) on 2048 devices: plan time and host
   memory.
+- llama70b-pipeline: the same model with its 80 blocks as a 4-stage pipeline
+  (torch_spmd.distributed.pipeline) x 64 fsdp x 8 tensor: plan time, bubble, per-stage peak.
 """
 import argparse
 import json
@@ -189,32 +191,41 @@ def study_resnet(strategy: str) -> dict:
                 capacity=r.hardware["hbm_bytes"], peak_op=r.peak_op)
 
 
-def study_llama70b() -> dict:
+def _llama70b_spec(name: str, dims: int) -> tuple:
+    """Megatron column/row-parallel over 'tensor', FSDP over 'fsdp'."""
+    if name.endswith(("wq.weight", "wk.weight", "wv.weight", "w1.weight", "w3.weight")):
+        return ("tensor", "fsdp")      # column-parallel: output features on 'tensor'
+    if name.endswith(("wo.weight", "w2.weight")):
+        return ("fsdp", "tensor")      # row-parallel: input features on 'tensor'
+    return ("fsdp", None) if dims == 2 else ("fsdp",)
+
+
+def study_llama70b(stages: int = 1, microbatches: int = 4) -> dict:
     _setup()
-    import numpy as np
     import torch
     import torch_spmd.core.xla_model as xm
     import torch_spmd.distributed.spmd as xs
     import torch_spmd.plan as plan
     from plan_models import Llama, LlamaConfig
+    from torch_spmd.distributed.pipeline import Pipeline
     cfg = LlamaConfig()
     t0 = time.perf_counter()
-    with plan.Plan(num_devices=2048, hardware="tpu-v5p", mesh_shape=(256, 8),
-                   axis_names=("fsdp", "tensor")) as p:
+    shape, names = ((256, 8), ("fsdp", "tensor")) if stages == 1 else \
+        ((stages, 256 // stages, 8), ("stage", "fsdp", "tensor"))
+    with plan.Plan(num_devices=2048, hardware="tpu-v5p", mesh_shape=shape,
+                   axis_names=names) as p:
         mesh = xs.get_global_mesh()
         with torch.device("spmd"):
             model = Llama(cfg).to(torch.bfloat16)
         n = sum(q.numel() for q in model.parameters())
+        if stages > 1:
+            model.layers = Pipeline(model.layers, mesh, "stage", num_microbatches=microbatches,
+                                    activation_spec=("fsdp", None, None),
+                                    param_spec=lambda name, s: _llama70b_spec(name, len(s)),
+                                    checkpoint=True)
         for name, q in model.named_parameters():
-            if name.endswith(("wq.weight", "wk.weight", "wv.weight", "w1.weight", "w3.weight")):
-                spec = ("tensor", "fsdp")      # column-parallel: output features on 'tensor'
-            elif name.endswith(("wo.weight", "w2.weight")):
-                spec = ("fsdp", "tensor")      # row-parallel: input features on 'tensor'
-            elif q.dim() == 2:
-                spec = ("fsdp", None)          # embeddings and the output projection
-            else:
-                spec = ("fsdp",)
-            xs.mark_sharding(q, mesh, spec)
+            if not name.startswith("layers.stacked"):  # (the pipeline shards its own)
+                xs.mark_sharding(q, mesh, _llama70b_spec(name, q.dim()))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         xm.mark_step()
         t1 = time.perf_counter()
@@ -222,12 +233,16 @@ def study_llama70b() -> dict:
         xs.mark_sharding(idx, mesh, ("fsdp", None))
         _train_step(model, idx, idx, opt, gpt_loss)
         r = p.report()
-    return dict(study="llama70b", params=n, seconds=time.perf_counter() - t0,
+    pipe = r.pipeline[0] if r.pipeline else {}
+    return dict(study="llama70b" if stages == 1 else "llama70b-pipeline", params=n,
+                seconds=time.perf_counter() - t0,
                 step_seconds=time.perf_counter() - t1, mfu=r.mfu,
                 predicted=r.predicted_step_seconds, peak=r.peak_bytes_per_device[0],
                 resident=r.resident_bytes_per_device[0], fits=r.fits,
                 maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                collectives=sum(c["count"] for c in r.collectives))
+                collectives=sum(c["count"] for c in r.collectives),
+                bubble=pipe.get("bubble_fraction"), bubble_formula=pipe.get("bubble_fraction_formula"),
+                permutes=pipe.get("permutes"), permute_bytes=pipe.get("permute_bytes"))
 
 
 NOTES = """How to read this table (configurations in `benchmarks/plan.py`):
@@ -256,6 +271,10 @@ NOTES = """How to read this table (configurations in `benchmarks/plan.py`):
   one of 512 images and fits, the blog's verdict for both.
 - Llama: 80 layers, d=8192, GQA with 8 KV heads, SwiGLU 28672, vocab 32000, bf16, AdamW, batch 256 x
   4096 tokens; Megatron column/row-parallel over 'tensor' (8) and FSDP over 'fsdp' (256).
+  Pipelined: the same blocks stacked into 4 stages of 20 (`Pipeline`, activation checkpointing
+  per iteration), the batch in 4 micro-batches of 64 sequences split over 'fsdp' (64): 7
+  iterations, 3 of which are partly bubble. The bubble is measured on the plan (each
+  iteration's planned time, forward and backward, times its idle stages' share), not assumed.
 """
 
 STUDIES = {
@@ -267,6 +286,7 @@ STUDIES = {
     "resnet-data": lambda: study_resnet("data"),
     "resnet-spatial": lambda: study_resnet("spatial"),
     "llama70b": study_llama70b,
+    "llama70b-pipeline": lambda: study_llama70b(stages=4),
 }
 
 
@@ -318,6 +338,15 @@ def table(results: dict) -> str:
                      f"plan < 60 s, < 4 GB host | {ll['seconds']:.1f} s, "
                      f"{ll['maxrss'] / gb:.2f} GB host | predicted step {ll['predicted']:.2f} s, "
                      f"MFU {ll['mfu'] * 100:.1f}%, peak {ll['peak'] / gb:.1f} GB |")
+    lp = results.get("llama70b-pipeline")
+    if lp and "error" not in lp:
+        lines.append(f"| same, 80 blocks as a 4-stage pipeline x 64 fsdp x 8 tensor, 4 micro-batches, "
+                     f"checkpointed | plan < 60 s; bubble (S-1)/(M+S-1) = "
+                     f"{lp['bubble_formula'] * 100:.1f}% | {lp['seconds']:.1f} s, "
+                     f"{lp['maxrss'] / gb:.2f} GB host; bubble {lp['bubble'] * 100:.1f}% of the loop, "
+                     f"{lp['permutes']} collective-permutes ({lp['permute_bytes'] / 2**20:.0f} MiB) | "
+                     f"predicted step {lp['predicted']:.2f} s, MFU {lp['mfu'] * 100:.1f}%, "
+                     f"peak per stage {lp['peak'] / gb:.1f} GB |")
     for name, r in results.items():
         if "error" in r:
             lines.append(f"| {name} | | error: {r['error']} | |")

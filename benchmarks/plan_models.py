@@ -155,8 +155,11 @@ class Llama(nn.Module):
 
     def forward(self, idx):
         x = self.tok_embeddings(idx)
-        for layer in self.layers:
-            x = layer(x)
+        if isinstance(self.layers, nn.ModuleList):
+            for layer in self.layers:
+                x = layer(x)
+        else:  # one module running every block (torch_spmd.distributed.pipeline.Pipeline)
+            x = self.layers(x)
         return self.output(self.norm(x))
 
 

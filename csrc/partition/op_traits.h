@@ -44,7 +44,7 @@ struct OpTraits {
   // read its operands' extents (ShardingRule::local_args, reads_extents).
   bool mergeable = false;
   // ShardingRule::additive: op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) over all its tensor
-  // operands together (add, sub), so a sum over devices may be taken before it as well as after.
+  // operands together (add, sub, cat, stack), so a sum over devices may be taken before it as well as after.
   bool additive = false;
   ViewKind view = ViewKind::kNone;  // ShardingRule::view
   // ShardingRule::reads_strides: the op reads its operands' memory layout, so they must reach

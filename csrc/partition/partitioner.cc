@@ -354,6 +354,13 @@ class Partitioner {
     // optimizer state) instead of once, shared through the reshard cache.
     for (int o = 0; o < n.num_outputs(); ++o)
       if (UsesOf(&n, o) > 1) return {};
+    // Reducing the result must not move more bytes than reducing the partial operands (a
+    // cat's result is as large as its operands together).
+    int64_t operand_elems = 0, operand_bytes = 0;
+    for (int i : found) {
+      operand_elems += NumElements(n.input(i).type().shape);
+      operand_bytes += n.input(i).type().bytes();
+    }
     for (int i : found) {
       const ir::Value& in = n.input(i);
       if (UsesOf(in.node.get(), in.index) != 1) return {};
@@ -363,7 +370,6 @@ class Partitioner {
         for (int a : axes)
           for (int p : layout.partial_axes())
             if (a == p) return {};  // the op wants that axis for tiling: reduce first
-      const int64_t operand_elems = NumElements(in.type().shape);
       for (int o = 0; o < n.num_outputs(); ++o) {
         if (n.output(o).dtype == DType::kUndefined) continue;
         if (NumElements(n.output(o).shape) > operand_elems) return {};
@@ -372,7 +378,7 @@ class Partitioner {
         // output reductions, when it can stay pending up to an output (gradient accumulation
         // over micro-steps then reduces once, at the update, in the wider type). Otherwise it
         // is reduced here, in the operand's type.
-        if (n.output(o).bytes() > in.type().bytes() &&
+        if (n.output(o).bytes() > operand_bytes &&
             !(options_.defer_output_reductions && MayStayPendingToOutput(&n, o)))
           return {};
         ReduceOp op = ReduceOp::kSum;

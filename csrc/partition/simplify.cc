@@ -139,9 +139,53 @@ class Simplifier {
     return a;
   }
 
-  // A stack or cat of the gradients when `n` sums pieces that cover their whole dim.
   ir::NodePtr Rewrite(const ir::Node& n,
                       const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    if (n.op()->qualified == "aten::cat") return RollOfSwappedHalves(n, replaced);
+    return JoinedGradients(n, replaced);
+  }
+
+  // torch.cat([x[a:], x[:a]], d) is torch.roll(x, -a, d): a shift written with slices, which
+  // would gather a sharded dim, becomes one the roll's rule keeps sharded (rules/shift.cc).
+  ir::NodePtr RollOfSwappedHalves(const ir::Node& n,
+                                  const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    if (n.inputs().size() != 2 || n.num_outputs() != 1) return nullptr;
+    const TensorType& out = n.output(0);
+    if (out.rank() == 0) return nullptr;
+    const int64_t d = WrapDim(IntArg(n, ArgIndex(n, "dim")), out.rank());
+    std::optional<ShardingRule::RowsOf> rows[2];
+    for (int i = 0; i < 2; ++i) {
+      const ir::Value& in = n.input(i);
+      if (in.index != 0 || in.node->num_outputs() != 1 || in.node->inputs().empty()) return nullptr;
+      std::optional<ShardingRule> rule = GetRule(*in.node);
+      if (!rule || !rule->rows_of || rule->rows_of->dim != d) return nullptr;
+      rows[i] = rule->rows_of;
+    }
+    const ir::Value& x = n.input(0).node->input(0);
+    const ir::Value& y = n.input(1).node->input(0);
+    if (x.node != y.node || x.index != y.index || x.type() != out) return nullptr;
+    const int64_t size = out.shape[d], a = rows[1]->length;
+    if (rows[1]->start != 0 || rows[0]->start != a || rows[0]->length != size - a || a == 0 ||
+        a == size)
+      return nullptr;
+    const ir::OpInfo* op = ir::InternOp("aten::roll",
+                                        {{"self", ir::ArgType::kTensor},
+                                         {"shifts", ir::ArgType::kIntList},
+                                         {"dims", ir::ArgType::kIntList}},
+                                        1);
+    ir::NodePtr roll = ir::MakeNode(op, {Remap(x, replaced)},
+                                    {ir::Arg::Tensor(0), ir::Arg::IntList({size - a}),
+                                     ir::Arg::IntList({d})},
+                                    {out});
+    roll->set_scope(n.scope());
+    roll->set_in_backward(n.in_backward());
+    Count("RollsFromSlices");
+    return roll;
+  }
+
+  // A stack or cat of the gradients when `n` sums pieces that cover their whole dim.
+  ir::NodePtr JoinedGradients(const ir::Node& n,
+                              const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
     if (n.op()->qualified != "aten::add.Tensor") return nullptr;
     std::optional<ZerosSum> sum = Sum(n);  // a copy: sorted below
     if (!sum) return nullptr;

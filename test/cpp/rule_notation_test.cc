@@ -88,7 +88,7 @@ std::vector<Case> Cases() {
        "([i, j]) -> ([j]) {i=4, j=6} need_replication={i} linear={0} view=subset"},
       {"aten::cat", {{"tensors", ArgType::kTensorList}, {"dim", ArgType::kInt}},
        {F32({2, 5}), F32({3, 5})}, {Arg::TensorList({0, 1}), Arg::Int(0)}, {F32({5, 5})},
-       "([k, j], [l, j]) -> ([i, j]) {i=5, j=5, k=2, l=3} need_replication={i, k, l}"},
+       "([k, j], [l, j]) -> ([i, j]) {i=5, j=5, k=2, l=3} need_replication={i, k, l} additive"},
       {"aten::embedding",
        {{"weight", ArgType::kTensor}, {"indices", ArgType::kTensor}, {"padding_idx", ArgType::kInt},
         {"scale_grad_by_freq", ArgType::kBool}, {"sparse", ArgType::kBool}},

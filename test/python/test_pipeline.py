@@ -20,17 +20,17 @@ VOCAB, D, SEQ = 32, 16, 6
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, d=D):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         # No qkv bias: the key bias's gradient is 0 up to rounding, which Adam would scale up
         # to +-lr steps of arbitrary sign on either side.
-        self.qkv, self.proj = nn.Linear(D, 3 * D, bias=False), nn.Linear(D, D)
-        self.fc, self.out = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x):
         q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
-        s = q @ k.transpose(-1, -2) / D ** 0.5
+        s = q @ k.transpose(-1, -2) / x.shape[-1] ** 0.5
         mask = torch.ones(x.shape[-2], x.shape[-2], dtype=torch.bool, device=x.device).tril()
         a = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
         x = x + self.proj(a)
@@ -38,11 +38,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, blocks):
+    def __init__(self, blocks, d=D):
         super().__init__()
-        self.emb = nn.Embedding(VOCAB, D)
+        self.emb = nn.Embedding(VOCAB, d)
         self.blocks = blocks
-        self.head = nn.Linear(D, VOCAB)
+        self.head = nn.Linear(d, VOCAB)
 
     def forward(self, ids):
         h = self.emb(ids)
@@ -147,3 +147,41 @@ def test_bad_configurations_raise_clear_errors():
     pipe = Pipeline(make_blocks(), mesh, "stage", num_microbatches=3)
     with pytest.raises(ValueError, match="multiple of num_microbatches=3"):
         pipe(torch.randn(8, SEQ, D))
+
+
+@pytest.mark.parametrize("microbatches", [4, 8])
+def test_plan_reports_the_bubble_the_permutes_and_the_per_stage_peak(microbatches):
+    # Planned (no data) at a size where the blocks' compute, not latency, sets the time.
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.plan as plan
+    d, seq, batch = 1024, 512, 64
+    with plan.Plan(num_devices=8, hardware="tpu-v5p", mesh_shape=(4, 2),
+                   axis_names=("stage", "data")) as p:
+        mesh = xs.get_global_mesh()
+        with torch.device("spmd"):
+            blocks = [Block(d) for _ in range(8)]
+        model = GPT(Pipeline(blocks, mesh, "stage", num_microbatches=microbatches,
+                             activation_spec=("data", None, None)), d).to("spmd")
+        opt = torch.optim.Adam(model.parameters())
+        xm.mark_step()
+        ids = torch.zeros(batch, seq, dtype=torch.long, device="spmd")
+        xs.mark_sharding(ids, mesh, ("data", None))
+        model(ids).backward()
+        opt.step()
+        xm.mark_step()
+        r = p.report()
+    [q] = r.pipeline
+    iterations = microbatches + 3
+    assert (q["module"], q["stages"], q["microbatches"], q["iterations"]) == \
+        ("blocks", 4, microbatches, iterations)
+    # The bubble from the planned time of each iteration (forward and backward) matches the
+    # formula within 2 points.
+    assert abs(q["bubble_fraction"] - 3 / iterations) < 0.02, q
+    assert q["bubble_fraction_formula"] == pytest.approx(3 / iterations)
+    assert 0 < q["bubble_seconds"] < q["loop_seconds"] <= r.predicted_step_seconds
+    # One permute of a slot (batch / M rows over 'data' halves, seq x d floats) per iteration
+    # and direction.
+    assert q["permutes"] == 2 * iterations
+    assert q["permute_bytes"] == 2 * iterations * (batch // microbatches // 2) * seq * d * 4
+    assert q["peak_bytes_per_stage"] == r.peak_bytes_per_device[0]
+    assert "pipeline blocks: 4 stages" in str(r)

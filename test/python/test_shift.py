@@ -115,3 +115,21 @@ def test_shifted_buffer_of_a_pipeline_loop_keeps_the_stage_dim_sharded():
     r = check(pipeline, [T(micro, 2, 8), T(stages, 8, 8, seed=2)],
               [None, ("stage", None, None)], mesh, grad=True)
     assert any(c["kind"] == "collective-permute" for c in r.fwd_stats["collectives"])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.cat([x[-1:], x[:-1]]),          # shift by 1
+    lambda x: torch.cat([x[3:], x[:3]]),            # by -3
+    lambda x: torch.cat([x[:, 12:], x[:, :12]], 1),  # by a whole tile on dim 1
+], ids=["right_1", "left_3", "tile_dim1"])
+def test_a_shift_written_with_slices_and_cat_stays_sharded(fn):
+    # torch.cat([x[a:], x[:a]]) is torch.roll(x, -a): the graph simplifier rewrites it, so the
+    # sharded dim is never gathered.
+    mesh = mesh_of((4, 2))
+    check(fn, [T(16, 16)], [("data", "model")], mesh, grad=True, fwd=only_permutes)
+
+
+def test_slices_and_cat_that_are_not_a_shift_still_equal_cpu():
+    mesh = mesh_of((4, 2))
+    check(lambda x: torch.cat([x[2:], x[:1]]), [T(16, 6)], [("data", None)], mesh, grad=True)
+    check(lambda x: torch.cat([x[4:], x[:4]], 1), [T(8, 6)], [("data", None)], mesh, grad=True)

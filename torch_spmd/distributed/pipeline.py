@@ -26,7 +26,6 @@ planned programs like any other work, and plan mode's report shows it
 """
 import copy
 import math
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -35,37 +34,10 @@ from torch.func import functional_call
 
 from .. import _C
 from ..debug import module_scope
+from ..plan.pipeline_schedule import Schedule, last_schedules, record_schedule  # noqa: F401
 from .spmd import Mesh, mark_sharding_with_gradients
 
 Spec = Tuple[Optional[object], ...]
-
-
-@dataclass
-class Schedule:
-    """What a pipeline's last forward ran: its iterations' scopes and how many stages worked
-    on a real micro-batch in each (the rest ran the bubble)."""
-    path: str
-    stages: int
-    microbatches: int
-    repeats: int
-    busy_stages: List[int]
-
-    @property
-    def iterations(self) -> int:
-        return len(self.busy_stages)
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Of the loop's stage-iterations, the share spent on no micro-batch."""
-        return 1.0 - sum(self.busy_stages) / (self.stages * self.iterations)
-
-
-# Path of each pipeline that ran since the last step -> its schedule (read by the plan report).
-_schedules: Dict[str, Schedule] = {}
-
-
-def last_schedules() -> Dict[str, Schedule]:
-    return dict(_schedules)
 
 
 def _on_spmd(t: torch.Tensor) -> bool:
@@ -266,7 +238,7 @@ class Pipeline(nn.Module):
                     done[item % M] = state
                 else:
                     held[item % M] = state
-        _schedules[path] = Schedule(path, S, M, R, busy)
+        record_schedule(Schedule(path, S, M, R, busy))
         # Slot 0 of each finished buffer: a masked sum over the stages (one all-reduce).
         slot0 = first.reshape((S,) + (1,) * (x.dim() + 1))
         return (torch.stack(done, 2) * slot0).sum(0).reshape(x.shape)  # [x.shape[0] // M, M, ...]

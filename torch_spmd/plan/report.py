@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from .. import _C
+from .pipeline_schedule import last_schedules
 
 ASSUMPTIONS = [
     "Each local op takes max(compute, memory) (roofline). Compute: FLOPs / (peak FLOP/s for its "
@@ -32,8 +33,9 @@ ASSUMPTIONS = [
     "definition to its last use; the data of tensors the step does not read stays resident.",
     "MFU = model FLOPs (every op of the global program once, less the ops that compute a "
     "value again: activation checkpointing's recomputed forward) / (step time x devices x peak "
-    "FLOP/s of the dtype most of those FLOPs use). HFU (hardware FLOPs utilisation) counts "
-    "the recomputation too.",
+    "FLOP/s of the dtype most of those FLOPs use), also less a pipeline's bubble (its stages' "
+    "work on no micro-batch). HFU (hardware FLOPs utilisation) counts the recomputation and "
+    "the bubble too.",
 ]
 TOP_MODULES = 10  # rows of time_by_module; the rest are summed into one "(other modules)" row
 
@@ -77,6 +79,7 @@ class PlanReport:
     recomputed_flops: float = 0.0   # of model_flops: values computed again
     replicated_fallback_ops: dict = field(default_factory=dict)  # op -> count, no sharding rule
     planned: bool = True            # a planned step (else an executed one, priced on `hardware`)
+    pipeline: List[dict] = field(default_factory=list)  # per pipeline that ran: see _pipelines
     assumptions: List[str] = field(default_factory=lambda: list(ASSUMPTIONS))
 
     def as_dict(self) -> dict:
@@ -114,6 +117,16 @@ class PlanReport:
         if self.replicated_fallback_ops:
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.replicated_fallback_ops.items()))
             lines.append(f"  replicated (no sharding rule): {ops}")
+        for q in self.pipeline:
+            lines.append(
+                f"  pipeline {q['module'] or '(root)'}: {q['stages']} stages x "
+                f"{q['microbatches']} micro-batches x {q['repeats']} repeats, "
+                f"{q['iterations']} iterations of {_fmt_seconds(q['loop_seconds'] / q['iterations'])}; "
+                f"bubble {q['bubble_fraction'] * 100:.1f}% of the loop "
+                f"((S-1)/(RM+S-1) = {q['bubble_fraction_formula'] * 100:.1f}%), "
+                f"{_fmt_seconds(q['bubble_seconds'])} of the step; "
+                f"{q['permutes']} collective-permutes, {_fmt_bytes(q['permute_bytes'])} in all; "
+                f"peak per stage {_fmt_bytes(q['peak_bytes_per_stage'])}")
         if self.collectives:
             lines.append("  collectives:")
             lines.append(f"    {'kind':<18} {'axes':<16} {'group':>5} {'bytes/device':>14} "
@@ -166,6 +179,62 @@ def _time_by_module(stats: dict, est: dict, top: int = TOP_MODULES) -> List[dict
     return ranked[:top] + [other]
 
 
+def _in_scope(scope: str, prefix: str) -> bool:
+    """Whether `scope` is `prefix`, a module below it, or its backward."""
+    return scope == prefix or scope.startswith(prefix + ".") or scope.startswith(prefix + " ")
+
+
+def _pipelines(stats: dict, est: dict) -> List[dict]:
+    """Per pipeline that ran in the step (torch_spmd.distributed.pipeline): its schedule and,
+    from the planned times of each iteration's work (forward and backward), the bubble: the
+    time of each iteration times the share of stages that worked on no micro-batch in it."""
+    out = []
+    for path, sched in last_schedules().items():
+        prefixes = [f"{path}.iteration{t}" if path else f"iteration{t}"
+                    for t in range(sched.iterations)]
+        seconds = [0.0] * sched.iterations
+        flops = [0.0] * sched.iterations  # model FLOPs
+        permutes, permute_bytes = 0, 0
+
+        def iteration_of(scope: str) -> int:
+            for t, p in enumerate(prefixes):
+                if _in_scope(scope, p):
+                    return t
+            return -1
+        for op, sec in zip(stats["op_costs"], est["op_seconds"]):
+            t = iteration_of(op[5])
+            if t >= 0:
+                seconds[t] += sec
+                flops[t] += op[2]
+        for c, timing in zip(stats["collectives"], est["collective_seconds"]):
+            scope = c.get("scope", "")
+            t = iteration_of(scope)
+            if t < 0:
+                continue
+            # An iteration's work: its ops, the blocks' own collectives (tensor parallelism)
+            # and the shift. Not a sum over iterations reduced once (the weight gradients'),
+            # which the last iteration's scope only carries.
+            if c["kind"] == "collective-permute":
+                permutes += 1
+                permute_bytes += c["bytes"]
+            elif not scope.startswith(prefixes[t] + "."):
+                continue
+            seconds[t] += timing["exposed_seconds"]
+        loop = sum(seconds)
+        if loop <= 0:
+            continue  # it did not run in this step
+        idle_share = [(sched.stages - busy) / sched.stages for busy in sched.busy_stages]
+        idle = sum(sec * share for sec, share in zip(seconds, idle_share))
+        out.append(dict(module=path, stages=sched.stages, microbatches=sched.microbatches,
+                        repeats=sched.repeats, iterations=sched.iterations,
+                        loop_seconds=loop, bubble_seconds=idle, bubble_fraction=idle / loop,
+                        bubble_fraction_formula=sched.bubble_fraction, permutes=permutes,
+                        permute_bytes=permute_bytes,
+                        bubble_flops=sum(f * share for f, share in zip(flops, idle_share)),
+                        peak_bytes_per_stage=stats["device_peak_bytes"]))
+    return out
+
+
 def build_report(num_devices: int, hardware: dict, planned: bool = True) -> PlanReport:
     """The report of the last step (planned, or executed when not ``planned``) on
     ``hardware``. Collectives are grouped by kind, axes and size, the most costly first."""
@@ -192,8 +261,13 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
     step = est["step_seconds"]
     capacity = step * num_devices * peak
     recomputed = stats.get("recomputed_flops", 0.0)
+    pipelines = _pipelines(stats, est)
+    # A pipeline's stages compute on no micro-batch in the bubble: not model FLOPs either
+    # (recomputation taken to be spread alike over the bubble and the rest).
+    bubble = sum(q["bubble_flops"] for q in pipelines) / stats["model_flops"] \
+        if stats["model_flops"] else 0.0
     hfu = stats["model_flops"] / capacity if step > 0 else 0.0
-    mfu = (stats["model_flops"] - recomputed) / capacity if step > 0 else 0.0
+    mfu = (stats["model_flops"] - recomputed) * (1 - bubble) / capacity if step > 0 else 0.0
     device_peak = stats["device_peak_bytes"]
     fits = device_peak <= hardware["hbm_bytes"]
     oom = None
@@ -217,4 +291,5 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
         no_overlap_step_seconds=est["no_overlap_step_seconds"],
         time_by_module=_time_by_module(stats, est), mfu=mfu, fits=fits,
         peak_op=stats["peak_op"], out_of_memory=oom, hfu=hfu, recomputed_flops=recomputed,
-        replicated_fallback_ops=dict(stats["replicated_fallback_ops"]), planned=planned)
+        replicated_fallback_ops=dict(stats["replicated_fallback_ops"]), planned=planned,
+        pipeline=pipelines)

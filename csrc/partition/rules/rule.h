@@ -109,6 +109,16 @@ struct ShardingRule {
   };
   std::optional<IntoZeros> into_zeros;
 
+  // The result is rows [start, start + length) of operand 0 along `dim` (slice_copy with step
+  // 1). partition/simplify.cc turns a cat of two such pieces of one tensor that swap its halves
+  // (torch.cat([x[a:], x[:a]])) into torch.roll, whose rule keeps a sharded dim sharded.
+  struct RowsOf {
+    int64_t dim = 0;
+    int64_t start = 0;
+    int64_t length = 0;
+  };
+  std::optional<RowsOf> rows_of;
+
   // Operands the op is linear in, the other operands fixed: op(a + b) = op(a) + op(b) (views,
   // transposes, slices, negation, scaling, sums, exact casts). A pending partial *sum* in such
   // an operand may stay pending through the op, into every result, instead of being reduced
@@ -117,10 +127,11 @@ struct ShardingRule {
   // of a wider dtype only when output reductions are deferred and it can stay pending to an
   // output).
   std::vector<bool> linear_operands;
-  // The result is a fixed linear combination of the tensor operands (add, sub): when every
-  // operand holds a pending partial sum over the same axes, op(a1 + a2, b1 + b2) =
-  // op(a1, b1) + op(a2, b2) and the sum stays pending through the op (gradient accumulation
-  // across steps communicates once).
+  // The result is a fixed linear map of the tensor operands together (add, sub; cat and stack,
+  // which place them side by side): when every operand holds a pending partial sum over the
+  // same axes, op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) and the sum stays pending
+  // through the op (gradient accumulation across steps communicates once; the weight
+  // gradients of a pipeline's stacked layers are reduced once, not once per layer).
   bool additive = false;
 
   // Cost, read by partition/cost.cc (which knows no op names): FLOPs per point of the op's

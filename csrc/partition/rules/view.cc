@@ -196,6 +196,20 @@ std::vector<int64_t> SlicedDim(const ir::Node& n, int64_t rank) {
     if (t.shape[d] != n.input(0).type().shape[d]) return {d};
   return {};
 }
+// `inner` with ShardingRule::rows_of set for slice_copy(self, dim, start, end, step 1).
+RuleBuilder WithRowsOf(RuleBuilder inner) {
+  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
+    std::optional<ShardingRule> rule = inner(node);
+    const TensorType& in = node.input(0).type();
+    if (!rule || in.rank() == 0 || IntArg(node, ArgIndex(node, "step"), 1) != 1) return rule;
+    const int64_t d = Dim(node, "dim", in.rank()), n = in.shape[d];
+    const int start_index = ArgIndex(node, "start");
+    int64_t start = start_index < 0 || node.arg(start_index).is_none() ? 0 : node.arg(start_index).i;
+    start = std::clamp<int64_t>(start < 0 ? start + n : start, 0, n);
+    rule->rows_of = ShardingRule::RowsOf{d, start, node.output(0).shape[d]};
+    return rule;
+  };
+}
 // constant_pad_nd's padded dims: pad = [left, right] per dim from the last one; dims padded by
 // nothing keep their sharding (padding a sequence leaves the batch sharded).
 std::vector<int64_t> PaddedDims(const ir::Node& n, int64_t rank) {
@@ -314,10 +328,12 @@ std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
 void RegisterViewRules() {
   // Every op here moves elements by position along its positional dims and keeps the others
   // independent: none reads the extents of the dims its devices' rows may merge into.
+  // Zeros with grad written in are linear in grad: a pending sum passes where the result is
+  // no larger (a select of a size-1 dim, such as a pipeline's stacked weights per iteration).
   RegisterRule("aten::select_backward",
-               ReadsNoExtents([](const ir::Node& n) { return IntoZeros(n, true); }));
+               ReadsNoExtents(LinearIn([](const ir::Node& n) { return IntoZeros(n, true); })));
   RegisterRule("aten::slice_backward",
-               ReadsNoExtents([](const ir::Node& n) { return IntoZeros(n, false); }));
+               ReadsNoExtents(LinearIn([](const ir::Node& n) { return IntoZeros(n, false); })));
   // Views, permutations, slices and position-wise copies are linear: pending partial sums pass
   // through them (LinearIn). The *_copy ops of the functional IR are views in the program the
   // user wrote (AsView: they cost no time), each of a kind (ViewKind) the executor may alias.
@@ -343,15 +359,16 @@ void RegisterViewRules() {
                 ReadsNoExtents(AsView(LinearIn(SqueezeLike), ViewKind::kReshape)));
   RegisterRules({"aten::select_copy", "aten::unbind_copy"},
                 ReadsNoExtents(AsView(LinearIn(Select), ViewKind::kSubset)));
-  RegisterRule("aten::cat", ReadsNoExtents([](const ir::Node& n) { return Join(n, false); }));
-  RegisterRule("aten::stack", ReadsNoExtents([](const ir::Node& n) { return Join(n, true); }));
+  RegisterRule("aten::cat", Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, false); })));
+  RegisterRule("aten::stack", Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, true); })));
   RegisterRule("aten::slice_scatter",
                ReadsNoExtents([](const ir::Node& n) { return ScatterInto(n, false); }));
   RegisterRule("aten::select_scatter",
                ReadsNoExtents([](const ir::Node& n) { return ScatterInto(n, true); }));
-  RegisterRules({"aten::slice_copy", "aten::split_copy", "aten::split_with_sizes_copy",
-                 "aten::narrow_copy"},
+  RegisterRules({"aten::split_copy", "aten::split_with_sizes_copy", "aten::narrow_copy"},
                 ReadsNoExtents(AsView(LinearIn(Positional(SlicedDim)), ViewKind::kReshape)));
+  RegisterRule("aten::slice_copy", WithRowsOf(ReadsNoExtents(
+                                       AsView(LinearIn(Positional(SlicedDim)), ViewKind::kReshape))));
   RegisterRule("aten::cumsum", ReadsNoExtents(LinearIn(Positional(DimArg))));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
