@@ -239,7 +239,11 @@ class Partitioner {
       LocalValue v = Local(n.input(i));
       bool shape_only = i < rule->shape_only_operands.size() && rule->shape_only_operands[i];
       if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
-      if (std::find(passing.begin(), passing.end(), static_cast<int>(i)) != passing.end()) {
+      const bool options_only =
+          i < rule->options_only_operands.size() && rule->options_only_operands[i];
+      if (options_only) {
+        // (Its local buffer as it is: only its dtype and device are read.)
+      } else if (std::find(passing.begin(), passing.end(), static_cast<int>(i)) != passing.end()) {
         // Linear in this operand: move the partial values like whole ones (every reshard step
         // is linear too) and keep the sum pending.
         passed = v.layout.partial_axes();

@@ -171,6 +171,15 @@ def test_pointwise_matching_shardings_need_no_communication(mesh_shape, spec):
           mesh_of(mesh_shape), grad=True, fwd=[], bwd=only("all-reduce", "reduce-scatter"))
 
 
+@pytest.mark.parametrize("make", [
+    lambda x: x.new_zeros(4, 3) + 1, lambda x: x.new_ones(2, 8), lambda x: x.new_full((5,), 2.0),
+], ids=["new_zeros", "new_ones", "new_full"])
+def test_new_factories_read_only_the_dtype_of_a_sharded_self(make):
+    # new_* takes only dtype and device from self: a sharded self is not gathered for it.
+    mesh = mesh_of((4, 2))
+    check(make, [T(8, 6)], [("data", "model")], mesh, fwd=[])
+
+
 def test_pointwise_int_and_bool():
     mesh = mesh_of((4, 2))
     a = torch.arange(60).reshape(10, 6)

@@ -50,6 +50,7 @@ std::optional<ShardingRule> Factory(const ir::Node& node) {
   for (const ir::Value& in : node.inputs())
     rule.operands.push_back(TensorFactors(in.type().rank()));  // new_*: self gives only options
   rule.shape_only_operands.assign(node.inputs().size(), true);
+  rule.options_only_operands.assign(node.inputs().size(), true);
   rule.local_args = LocalSizeArgs(size_arg, ArgIndex(node, "stride"));
   rule.flops_per_point = 0;  // fills memory, computes nothing
   return rule;

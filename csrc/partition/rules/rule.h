@@ -97,6 +97,9 @@ struct ShardingRule {
   // Operands whose values the op never reads, only their shape and dtype (zeros_like, new_*,
   // fill): they need the right tiling but not their pending partial sums reduced.
   std::vector<bool> shape_only_operands;
+  // Operands the op reads nothing of but their dtype and device (new_zeros' self): taken in
+  // whatever layout they have, never resharded (gathering one would only waste a collective).
+  std::vector<bool> options_only_operands;
 
   // The result is zeros with operand 0 written into [start, start + length) of `dim`
   // (select_backward: one index, the operand lacking the dim; slice_backward with step 1).
