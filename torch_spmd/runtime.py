@@ -20,10 +20,8 @@ from typing import Iterator, Optional, Union
 from . import _C
 from . import _world as world_state
 
-_USE_SPMD = False
-
-# Env var names that PyTorch/XLA uses; we set them too so that code checking the environment
-# (rather than calling is_spmd()) sees the same state.
+# The env var PyTorch/XLA keeps SPMD mode in: use_spmd() sets it and is_spmd() reads it, as
+# upstream's do, so code that sets or clears it (upstream's tests do) sees the same state.
 _XLA_USE_SPMD = "XLA_USE_SPMD"
 
 
@@ -33,18 +31,17 @@ def use_spmd(auto: Optional[bool] = False) -> None:
     ``auto=True`` (XLA's experimental auto-sharding) is not implemented and raises
     NotImplementedError instead of silently running without any sharding.
     """
-    global _USE_SPMD
     if auto:
         raise NotImplementedError(
             "use_spmd(auto=True): auto-sharding is not implemented in torch_spmd; call "
             "use_spmd() and annotate tensors with torch_spmd.distributed.spmd.mark_sharding")
-    _USE_SPMD = True
     os.environ[_XLA_USE_SPMD] = "1"
 
 
 def is_spmd() -> bool:
-    """Whether SPMD mode was enabled by ``use_spmd()`` (or the ``XLA_USE_SPMD`` env var)."""
-    return _USE_SPMD or os.environ.get(_XLA_USE_SPMD, "0") not in ("", "0")
+    """Whether SPMD mode is on: ``use_spmd()`` was called, or ``XLA_USE_SPMD`` is set (the
+    flag lives in the environment, as PyTorch/XLA's)."""
+    return os.environ.get(_XLA_USE_SPMD, "0") not in ("", "0")
 
 
 def device_type() -> str:

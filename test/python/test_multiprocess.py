@@ -600,6 +600,13 @@ _TORCHRUN_SCRIPT = textwrap.dedent("""
         if mode == "spawn":  # PyTorch/XLA style: runs in the worker under torchrun
             xmp.spawn(train, args=(out_dir,))
             assert not tsd.is_multiprocess() and not dist.is_initialized()
+        elif mode == "xla":  # PyTorch/XLA's backend: the process joins the world over it
+            import torch_spmd.distributed.xla_backend  # noqa: F401
+            dist.init_process_group("xla", init_method="xla://")
+            assert dist.get_backend() == "xla" and tsd.is_multiprocess()
+            train(xm.get_ordinal(), out_dir)
+            tsd.shutdown_multiprocess()
+            dist.destroy_process_group()
         else:  # the script's own gloo group, then torch_spmd joins it
             dist.init_process_group("gloo")
             tsd.init_multiprocess()
@@ -685,6 +692,35 @@ def test_two_torchruns_form_one_world(tmp_path):
          "--master-addr=127.0.0.1", f"--master-port={port}"] for node in range(2)])
     _wait_torchruns(tmp_path, procs, timeout=120)
     _check_torchrun_world(out_dir, world=4, local_world=2)
+
+
+@needs_torchrun
+def test_torchrun_workers_join_through_the_xla_backend(tmp_path):
+    """``dist.init_process_group('xla', init_method='xla://')`` under torchrun, unmodified
+    PyTorch/XLA style: each worker is one replica of the world."""
+    args = ["--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
+    procs, out_dir = _start_torchruns(tmp_path, "xla", [args])
+    _wait_torchruns(tmp_path, procs, timeout=90)
+    _check_torchrun_world(out_dir, world=2, local_world=2)
+
+
+def test_the_xla_backend_is_refused_in_spmd_mode():
+    # As PyTorch/XLA: in SPMD mode the partitioner makes the collectives.
+    code = textwrap.dedent("""
+        import torch.distributed as dist
+        import torch_spmd.runtime as xr
+        import torch_spmd.distributed.xla_backend
+        xr.use_spmd()
+        try:
+            dist.init_process_group("xla", init_method="xla://")
+        except AssertionError as e:
+            assert "not supported with SPMD" in str(e), e
+            assert not dist.is_initialized()
+            print("refused")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+    assert out.stdout.strip() == "refused", out.stderr
 
 
 # ---------------------------------------------------------------------------------------------

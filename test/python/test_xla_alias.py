@@ -146,6 +146,9 @@ def test_install_resolves_to_the_same_module_objects(tmp_path):
         import torch_xla.utils.checkpoint as ckpt
         import torch_xla.distributed.parallel_loader as pl
         import torch_xla.utils.utils as xu
+        import torch_xla.amp as amp
+        import torch_xla.distributed.xla_backend as xb
+        import torch_spmd.amp, torch_spmd.distributed.xla_backend
         S = torch_spmd
         pairs = [(xm, S.core.xla_model), (xr, S.runtime), (xs, S.distributed.spmd),
                  (xsh, S.distributed.spmd.xla_sharding), (exs, S.distributed.spmd.xla_sharding),
@@ -153,7 +156,8 @@ def test_install_resolves_to_the_same_module_objects(tmp_path):
                  (met, S.debug.metrics), (fsdp, S.distributed.fsdp),
                  (fsdpv2, S.experimental.spmd_fully_sharded_data_parallel),
                  (xmp, S.distributed.xla_multiprocessing), (ckpt, S.utils.checkpoint),
-                 (pl, S.distributed.parallel_loader), (torch_xla.runtime, S.runtime)]
+                 (pl, S.distributed.parallel_loader), (torch_xla.runtime, S.runtime),
+                 (amp, S.amp), (xb, S.distributed.xla_backend)]
         print("SAME", [a is b for a, b in pairs].count(True), len(pairs))
         # The real modules keep their own identity.
         print("SPEC", xs.__spec__.name, xm.__name__)
@@ -168,6 +172,8 @@ def test_install_resolves_to_the_same_module_objects(tmp_path):
         print("DEVICES", torch_xla.device(), torch_xla.devices(), xm.get_xla_supported_devices())
         import torch
         print("XLADEV", torch.ones(2, device='xla').device, torch.ones(2).to('xla').device)
+        with amp.autocast(torch_xla.device()):
+            print("AMP", (torch.ones(2, 3, device='xla') @ torch.ones(3, 2, device='xla')).dtype)
         torch_spmd.xla.uninstall()
         try:
             import torch_xla
@@ -178,7 +184,8 @@ def test_install_resolves_to_the_same_module_objects(tmp_path):
     r = _run(["-c", code], cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
-    assert "SAME 14 14" in out
+    assert "SAME 16 16" in out
+    assert "AMP torch.bfloat16" in out
     assert "SPEC torch_spmd.distributed.spmd torch_spmd.core.xla_model" in out
     assert "CLASS True" in out and "GLOBAL True" in out
     assert "MISSING torch_xla.core.xla_builder" in out

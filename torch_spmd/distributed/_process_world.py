@@ -140,6 +140,30 @@ def init(rank: int, world_size: int, local_rank: int, local_world_size: int,
             _World(rank, world_size, local_rank, local_world_size, owns_group))
 
 
+def join_when_initialized(rank: int, world_size: int) -> None:
+    """Makes this process replica ``rank`` of ``world_size`` over torch.distributed's default
+    group once the ``xla`` backend's ``dist.init_process_group`` (which calls this while it
+    creates that group) has made it: the process gets its one device now, the collectives the
+    first time the world is asked for. LOCAL_RANK and LOCAL_WORLD_SIZE come from the
+    environment; the group stays the script's to destroy."""
+    with world_state.lock:
+        world = world_state.current()
+        if world is not None:
+            raise RuntimeError(f"this process is already replica {world.rank} of "
+                               f"{world.world_size} of a multi-process world")
+        if _C._num_devices() != 1:
+            runtime.configure_devices(1)
+
+        def join() -> bool:
+            if not dist.is_initialized():
+                return False
+            _C._install_process_group_collectives(dist.distributed_c10d._get_default_group())
+            world_state.set_current(_World(rank, world_size, _env_int("LOCAL_RANK", rank),
+                                           _env_int("LOCAL_WORLD_SIZE", world_size), False))
+            return True
+        world_state.set_pending(join)
+
+
 def shutdown(barrier: bool = True) -> None:
     """Leaves the world: waits for every process (so that no one tears down the store while
     others still use it), then restores the in-process collectives."""

@@ -52,6 +52,8 @@ ALIASES: Dict[str, str] = {
     "torch_xla.distributed.fsdp": "torch_spmd.distributed.fsdp",
     "torch_xla.distributed.xla_multiprocessing": "torch_spmd.distributed.xla_multiprocessing",
     "torch_xla.distributed.parallel_loader": "torch_spmd.distributed.parallel_loader",
+    "torch_xla.distributed.xla_backend": "torch_spmd.distributed.xla_backend",
+    "torch_xla.amp": "torch_spmd.amp",
     "torch_xla.experimental": "torch_spmd.experimental",
     # Older PyTorch/XLA releases kept the SPMD API under experimental.
     "torch_xla.experimental.xla_sharding": "torch_spmd.distributed.spmd.xla_sharding",
