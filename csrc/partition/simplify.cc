@@ -145,6 +145,18 @@ class Simplifier {
     return JoinedGradients(n, replaced);
   }
 
+  // v's source through slices that keep a whole dim (torch 2.6 records x[:, a:] as a slice of
+  // all of dim 0, then the slice of dim 1).
+  static ir::Value ThroughWholeSlices(ir::Value v) {
+    while (v.index == 0 && v.node->num_outputs() == 1 && !v.node->inputs().empty()) {
+      std::optional<ShardingRule> rule = GetRule(*v.node);
+      const ir::Value& in = v.node->input(0);
+      if (!rule || !rule->rows_of || in.type() != v.type()) break;
+      v = in;
+    }
+    return v;
+  }
+
   // torch.cat([x[a:], x[:a]], d) is torch.roll(x, -a, d): a shift written with slices, which
   // would gather a sharded dim, becomes one the roll's rule keeps sharded (rules/shift.cc).
   ir::NodePtr RollOfSwappedHalves(const ir::Node& n,
@@ -161,8 +173,8 @@ class Simplifier {
       if (!rule || !rule->rows_of || rule->rows_of->dim != d) return nullptr;
       rows[i] = rule->rows_of;
     }
-    const ir::Value& x = n.input(0).node->input(0);
-    const ir::Value& y = n.input(1).node->input(0);
+    const ir::Value x = ThroughWholeSlices(n.input(0).node->input(0));
+    const ir::Value y = ThroughWholeSlices(n.input(1).node->input(0));
     if (x.node != y.node || x.index != y.index || x.type() != out) return nullptr;
     const int64_t size = out.shape[d], a = rows[1]->length;
     if (rows[1]->start != 0 || rows[0]->start != a || rows[0]->length != size - a || a == 0 ||
