@@ -4,9 +4,9 @@ runtime, only sharding annotations on an ordinary PyTorch loop.
 ``Pipeline(blocks, mesh, "stage", num_microbatches=M)`` runs N identical blocks as S stages
 over the mesh axis ``"stage"`` (S = its size):
 
-- the blocks' parameters are stacked into tensors of shape [R, S, L, *shape] (R = repeats of a
-  circular pipeline, L = blocks per stage and repeat, N = R x S x L) whose stage dim is sharded
-  over the axis: each device holds its stage's blocks only;
+- the blocks' parameters are stacked into tensors of shape [S, L, *shape], one per repeat of a
+  circular pipeline (R repeats, L blocks per stage and repeat, N = R x S x L), whose stage dim
+  is sharded over the axis: each device holds its stage's blocks only;
 - the batch is cut into M micro-batches (rows m, m + M, m + 2M, ...: a batch dim sharded over
   the other mesh axes stays sharded within each micro-batch);
 - a buffer of shape [S, micro-batch, ...] holds every stage's current activation, its stage dim
@@ -25,7 +25,7 @@ planned programs like any other work, and plan mode's report shows it
 (``PlanReport.pipeline``).
 """
 import copy
-import math
+import functools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -42,10 +42,6 @@ Spec = Tuple[Optional[object], ...]
 
 def _on_spmd(t: torch.Tensor) -> bool:
     return t.device.type == "spmd"
-
-
-def _key(name: str) -> str:
-    return name.replace(".", "__")
 
 
 class Pipeline(nn.Module):
@@ -112,33 +108,48 @@ class Pipeline(nn.Module):
         self._template = (template, holder)
         self._param_names = list(first)
         self._buffer_names = list(buffers)
-        shape = (repeats, stages, self.layers_per_stage)
         self._specs = {n: tuple(param_spec(n, p.shape)) if param_spec else (None,) * p.dim()
                        for n, p in first.items()}
+        # One tensor [S, L, *shape] per parameter and repeat: a repeat's weights are a whole
+        # parameter, so an iteration's weight gradient is as large as the parameter it adds
+        # into and its pending sum over the data axes is reduced once per step, not once per
+        # iteration (a slice of one [R, ...] tensor would make each gradient R times larger).
         self.stacked = nn.ParameterDict()
+        blocks_of = lambda name, getter: torch.stack([getter(b)[name] for b in blocks]).reshape(
+            (repeats, stages, self.layers_per_stage) + getter(blocks[0])[name].shape)
         for name in self._param_names:
-            t = torch.stack([dict(b.named_parameters())[name].detach() for b in blocks])
-            p = nn.Parameter(t.reshape(shape + t.shape[1:]).clone(),
-                             requires_grad=first[name].requires_grad)
-            self.stacked[_key(name)] = p
-            self._shard(p, self._specs[name])
+            t = blocks_of(name, lambda b: {k: v.detach() for k, v in b.named_parameters()})
+            for r in range(repeats):
+                p = nn.Parameter(t[r].clone(), requires_grad=first[name].requires_grad)
+                self.stacked[self._stacked_key(name, r)] = p
+                self._shard(p, self._specs[name])
         for name in self._buffer_names:
-            t = torch.stack([dict(b.named_buffers())[name] for b in blocks])
-            self.register_buffer("stacked_buffer_" + _key(name),
-                                 t.reshape(shape + t.shape[1:]).clone())
+            t = blocks_of(name, lambda b: dict(b.named_buffers()))
+            for r in range(repeats):
+                self.register_buffer("stacked_buffer_" + self._stacked_key(name, r), t[r].clone())
+
+    def _stacked_key(self, name: str, repeat: int) -> str:
+        key = name.replace(".", "__")
+        return key if self.repeats == 1 else f"{key}__repeat{repeat}"
+
+    def _stacked(self, name: str, repeat: int) -> torch.Tensor:
+        if name in self._specs:
+            return self.stacked[self._stacked_key(name, repeat)]
+        return getattr(self, "stacked_buffer_" + self._stacked_key(name, repeat))
 
     def _shard(self, t: torch.Tensor, spec: Spec) -> None:
         if _on_spmd(t):
             from .spmd import mark_sharding
-            mark_sharding(t, self.mesh, (None, self.stage_axis, None) + tuple(spec))
+            mark_sharding(t, self.mesh, (self.stage_axis, None) + tuple(spec))
 
     def _apply(self, fn, recurse=True):
         # Moving to the device (model.to("spmd")) lays the stacked weights out over the stages.
         out = super()._apply(fn, recurse)
         for name in self._param_names:
-            p = self.stacked[_key(name)]
-            if _on_spmd(p) and not _C._get_sharding_spec(p):
-                self._shard(p, self._specs[name])
+            for r in range(self.repeats):
+                p = self._stacked(name, r)
+                if _on_spmd(p) and not _C._get_sharding_spec(p):
+                    self._shard(p, self._specs[name])
         return out
 
     @property
@@ -149,13 +160,16 @@ class Pipeline(nn.Module):
 
     def unstacked_state_dict(self) -> Dict[str, torch.Tensor]:
         """The parameters as the N blocks had them: ``"<block index>.<name>"`` (to compare with,
-        or load into, the unpipelined model's block list)."""
+        or load into, the unpipelined model's block list); block r S L + s L + l is layer l of
+        stage s in repeat r."""
         out = {}
-        n = self.repeats * self.stages * self.layers_per_stage
+        per_repeat = self.stages * self.layers_per_stage
         for name in self._param_names:
-            flat = self.stacked[_key(name)].reshape((n,) + self.stacked[_key(name)].shape[3:])
-            for i in range(n):
-                out[f"{i}.{name}"] = flat[i]
+            for r in range(self.repeats):
+                w = self._stacked(name, r)
+                flat = w.reshape((per_repeat,) + w.shape[2:])
+                for i in range(per_repeat):
+                    out[f"{r * per_repeat + i}.{name}"] = flat[i]
         return out
 
     # The forward.
@@ -168,25 +182,27 @@ class Pipeline(nn.Module):
 
     def _weights(self, t: int) -> Dict[str, torch.Tensor]:
         """Every stage's blocks for iteration t, as tensors [S, L, *shape]: stage s runs repeat
-        clamp((t - s) // M, 0, R - 1). Selected by a one-hot mask over the (unsharded) repeat
-        dim: each device reads only its own stage's weights, with no communication."""
-        stacked = {n: self.stacked[_key(n)] for n in self._param_names}
-        stacked.update({n: getattr(self, "stacked_buffer_" + _key(n)) for n in self._buffer_names})
-        if self.repeats == 1:
-            return {n: w[0] for n, w in stacked.items()}
+        clamp((t - s) // M, 0, R - 1). Where the stages are at different repeats, each
+        repeat's weights are masked to its stages and summed: each device reads only its own
+        stage's weights, with no communication."""
+        names = self._param_names + self._buffer_names
         m, r_max = self.num_microbatches, self.repeats - 1
         repeat = [min(max((t - s) // m, 0), r_max) for s in range(self.stages)]
         if len(set(repeat)) == 1:
-            return {n: w[repeat[0]] for n, w in stacked.items()}
+            # A view per iteration: autograd sums the iteration's per-layer gradients there
+            # first (into one stack, partition/simplify.cc), then across iterations, so their
+            # pending sums over the data axes stay pending to the end of the step.
+            return {n: self._stacked(n, repeat[0]).view(self._stacked(n, repeat[0]).shape)
+                    for n in names}
         out = {}
-        for n, w in stacked.items():
-            device = w.device
-            stage = torch.arange(self.stages, device=device)
-            # repeat of each stage: clamp((t - s) // M, 0, R - 1), computed on the device.
-            r = torch.clamp(torch.div(t - stage, m, rounding_mode="floor"), 0, r_max)
-            onehot = torch.arange(self.repeats, device=device).unsqueeze(1) == r.unsqueeze(0)
-            mask = onehot.to(w.dtype).reshape(onehot.shape + (1,) * (w.dim() - 2))
-            out[n] = (w * mask).sum(0)
+        for n in names:
+            parts = []
+            for r in sorted(set(repeat)):
+                w = self._stacked(n, r)
+                mask = torch.tensor([float(x == r) for x in repeat], dtype=w.dtype)
+                mask = mask.to(w.device).reshape((self.stages,) + (1,) * (w.dim() - 1))
+                parts.append(w * mask)
+            out[n] = functools.reduce(torch.add, parts)  # (adds: a pending sum passes them)
         return out
 
     def _run_stages(self, weights: Dict[str, torch.Tensor], state: torch.Tensor,
