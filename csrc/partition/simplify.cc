@@ -55,6 +55,8 @@ class Simplifier {
     nodes.reserve(graph_.nodes.size());
     for (const ir::NodePtr& n : graph_.nodes) {
       ir::NodePtr out = Rewrite(*n, replaced);
+      for (ir::NodePtr& e : extra_) nodes.push_back(std::move(e));  // (new nodes it reads)
+      extra_.clear();
       if (!out) out = WithNewInputs(n, replaced);
       if (out != n) replaced[n.get()] = out;
       nodes.push_back(out);
@@ -142,7 +144,101 @@ class Simplifier {
   ir::NodePtr Rewrite(const ir::Node& n,
                       const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
     if (n.op()->qualified == "aten::cat") return RollOfSwappedHalves(n, replaced);
+    if (n.op()->qualified == "aten::constant_pad_nd") return FilledShift(n, replaced);
     return JoinedGradients(n, replaced);
+  }
+
+  // A new node for a rewrite, carrying `like`'s scope and phase; `extra_` keeps it in the
+  // graph ahead of the node that replaces `like`.
+  ir::NodePtr Emit(const ir::Node& like, const char* op, std::vector<ir::ArgSchema> schema,
+                   std::vector<ir::Value> inputs, std::vector<ir::Arg> args, TensorType out) {
+    const ir::OpInfo* info = ir::InternOp(op, std::move(schema), 1);
+    ir::NodePtr node = ir::MakeNode(info, std::move(inputs), std::move(args), {std::move(out)});
+    node->set_scope(like.scope());
+    node->set_in_backward(like.in_backward());
+    extra_.push_back(node);
+    return node;
+  }
+
+  // F.pad(x[a:a + len], (p, q)) along d, as large as x (a shift that fills with the pad
+  // value, torch.cat([zeros, x[:-s]])'s twin) is where(p <= i < p + len, roll(x, p - a, d),
+  // value): the roll stays sharded, the mask is a replicated vector of the dim's length.
+  ir::NodePtr FilledShift(const ir::Node& n,
+                          const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    if (n.inputs().size() != 1 || n.num_outputs() != 1) return nullptr;
+    const ir::Value& piece = n.input(0);
+    if (piece.index != 0 || piece.node->num_outputs() != 1 || piece.node->inputs().empty())
+      return nullptr;
+    std::optional<ShardingRule> rule = GetRule(*piece.node);
+    if (!rule || !rule->rows_of) return nullptr;
+    const TensorType& out = n.output(0);
+    const int64_t d = rule->rows_of->dim, a = rule->rows_of->start, len = rule->rows_of->length;
+    const ir::Value x = ThroughWholeSlices(piece.node->input(0));
+    if (x.type() != out) return nullptr;
+    // The pad list holds (before, after) per dim from the last one: only d's may be non-zero.
+    const int pad_index = ArgIndex(n, "pad"), value_index = ArgIndex(n, "value");
+    if (pad_index < 0) return nullptr;
+    const std::vector<int64_t> pad = IntListArg(n, pad_index);
+    int64_t p = 0, q = 0;
+    for (size_t i = 0; i + 1 < pad.size(); i += 2) {
+      const int64_t dim = out.rank() - 1 - static_cast<int64_t>(i / 2);
+      if (dim == d) {
+        p = pad[i];
+        q = pad[i + 1];
+      } else if (pad[i] != 0 || pad[i + 1] != 0) {
+        return nullptr;
+      }
+    }
+    const int64_t size = out.shape[d];
+    if (p < 0 || q < 0 || len == 0 || p + len + q != size || p + q == 0) return nullptr;
+    ir::Arg value = value_index >= 0 ? n.arg(value_index) : ir::Arg::ScalarInt(0);
+    if (value.is_none()) value = ir::Arg::ScalarInt(0);
+    // A run-time value stays a run-time value: the where takes the pad's place in the graph,
+    // and with it the pad's place in the order of run-time scalars (the new nodes before it
+    // have constant scalars only).
+    if (!value.is_scalar()) return nullptr;
+
+    using ir::Arg;
+    using ir::ArgType;
+    ir::NodePtr roll = Emit(n, "aten::roll",
+                            {{"self", ArgType::kTensor}, {"shifts", ArgType::kIntList},
+                             {"dims", ArgType::kIntList}},
+                            {Remap(x, replaced)},
+                            {Arg::Tensor(0), Arg::IntList({p - a}), Arg::IntList({d})}, out);
+    const TensorType index{DType::kInt64, {size}}, flags{DType::kBool, {size}};
+    ir::NodePtr i = Emit(n, "aten::arange.start_step",
+                         {{"start", ArgType::kScalar}, {"end", ArgType::kScalar},
+                          {"step", ArgType::kScalar}, {"dtype", ArgType::kScalarType, true},
+                          {"layout", ArgType::kLayout, true}, {"device", ArgType::kDevice, true},
+                          {"pin_memory", ArgType::kBool, true}},
+                         {}, {Arg::ScalarInt(0), Arg::ScalarInt(size), Arg::ScalarInt(1), Arg::None(),
+                              Arg::None(), Arg::None(), Arg::None()},
+                         index);
+    const std::vector<ir::ArgSchema> compare = {{"self", ArgType::kTensor},
+                                                {"other", ArgType::kScalar}};
+    ir::NodePtr from = Emit(n, "aten::ge.Scalar", compare, {{i, 0}},
+                            {Arg::Tensor(0), Arg::ScalarInt(p)}, flags);
+    ir::NodePtr to = Emit(n, "aten::lt.Scalar", compare, {{i, 0}},
+                          {Arg::Tensor(0), Arg::ScalarInt(p + len)}, flags);
+    ir::NodePtr keep = Emit(n, "aten::logical_and",
+                            {{"self", ArgType::kTensor}, {"other", ArgType::kTensor}},
+                            {{from, 0}, {to, 0}}, {Arg::Tensor(0), Arg::Tensor(1)}, flags);
+    Shape along(out.rank(), 1);
+    along[d] = size;
+    ir::NodePtr mask = Emit(n, "aten::view_copy",
+                            {{"self", ArgType::kTensor}, {"size", ArgType::kIntList}},
+                            {{keep, 0}}, {Arg::Tensor(0), Arg::IntList(along)},
+                            TensorType{DType::kBool, along});
+    ir::NodePtr where = ir::MakeNode(
+        ir::InternOp("aten::where.ScalarOther",
+                     {{"condition", ArgType::kTensor}, {"self", ArgType::kTensor},
+                      {"other", ArgType::kScalar}},
+                     1),
+        {{mask, 0}, {roll, 0}}, {Arg::Tensor(0), Arg::Tensor(1), value}, {out});
+    where->set_scope(n.scope());
+    where->set_in_backward(n.in_backward());
+    Count("FilledShiftsFromSlices");
+    return where;
   }
 
   // v's source through slices that keep a whole dim (torch 2.6 records x[:, a:] as a slice of
@@ -226,6 +322,7 @@ class Simplifier {
   }
 
   const ir::Graph& graph_;
+  std::vector<ir::NodePtr> extra_;  // nodes a rewrite made, for Run to place before its result
   std::unordered_map<const ir::Node*, int> uses_;
   std::unordered_map<const ir::Node*, std::optional<ZerosSum>> sums_;
 };

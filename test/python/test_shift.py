@@ -133,3 +133,28 @@ def test_slices_and_cat_that_are_not_a_shift_still_equal_cpu():
     mesh = mesh_of((4, 2))
     check(lambda x: torch.cat([x[2:], x[:1]]), [T(16, 6)], [("data", None)], mesh, grad=True)
     check(lambda x: torch.cat([x[4:], x[:4]], 1), [T(8, 6)], [("data", None)], mesh, grad=True)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.nn.functional.pad(x[:-1], (0, 0, 1, 0)),           # down by 1, zeros
+    lambda x: torch.nn.functional.pad(x[3:], (0, 0, 0, 3), value=-2.0),  # up by 3, fill -2
+    lambda x: torch.nn.functional.pad(x[:, :-4], (4, 0)),               # a tile on dim 1
+    lambda x: torch.nn.functional.pad(x[1:-1], (0, 0, 1, 1)),           # both ends
+], ids=["down_1", "up_3_fill", "tile_dim1", "both_ends"])
+def test_a_shift_that_fills_stays_sharded(fn):
+    # F.pad(x[a:a + len], ...) as large as x is where(mask, roll(x, p - a), value): the rows
+    # that wrap around are never read, even when they hold inf or NaN.
+    mesh = mesh_of((4, 2))
+    x = T(16, 16)
+    x[0, 3] = x[-1, 5] = x[7, -1] = float("inf")
+    x[-2, 0] = float("nan")
+    check(fn, [x], [("data", "model")], mesh, grad=True, fwd=only_permutes)
+
+
+def test_a_filled_shift_reads_its_fill_value_at_run_time():
+    # The fill value is a run-time scalar: the second step reuses the compiled program with
+    # the new value.
+    mesh = mesh_of((4, 2))
+    for value in (-2.0, 5.5):
+        check(lambda x: torch.nn.functional.pad(x[:-2], (0, 0, 2, 0), value=value), [T(16, 6)],
+              [("data", None)], mesh, fwd=only_permutes)
