@@ -626,6 +626,9 @@ def _start_torchruns(tmp_path, mode, node_args):
     out_dir.mkdir(exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", SPMD_DIST_TIMEOUT="60",
                PYTHONPATH=os.pathsep.join([REPO, os.path.dirname(os.path.abspath(__file__))]))
+    # Replica mode: not the SPMD mode this test process's own tests switched on (use_spmd
+    # keeps it in XLA_USE_SPMD, as PyTorch/XLA does, and children inherit it).
+    env.pop("XLA_USE_SPMD", None)
     procs = []
     for i, args in enumerate(node_args):
         log = open(tmp_path / f"torchrun{i}.log", "w")
