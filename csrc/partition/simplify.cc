@@ -148,16 +148,41 @@ class Simplifier {
     return JoinedGradients(n, replaced);
   }
 
-  // A new node for a rewrite, carrying `like`'s scope and phase; `extra_` keeps it in the
-  // graph ahead of the node that replaces `like`.
-  ir::NodePtr Emit(const ir::Node& like, const char* op, std::vector<ir::ArgSchema> schema,
-                   std::vector<ir::Value> inputs, std::vector<ir::Arg> args, TensorType out) {
+  // A new node for a rewrite of `like`, carrying its scope and phase.
+  static ir::NodePtr Make(const ir::Node& like, const char* op, std::vector<ir::ArgSchema> schema,
+                          std::vector<ir::Value> inputs, std::vector<ir::Arg> args,
+                          TensorType out) {
     const ir::OpInfo* info = ir::InternOp(op, std::move(schema), 1);
     ir::NodePtr node = ir::MakeNode(info, std::move(inputs), std::move(args), {std::move(out)});
     node->set_scope(like.scope());
     node->set_in_backward(like.in_backward());
+    return node;
+  }
+
+  // Make, for a node that the one replacing `like` reads: `extra_` puts it in the graph first.
+  ir::NodePtr Emit(const ir::Node& like, const char* op, std::vector<ir::ArgSchema> schema,
+                   std::vector<ir::Value> inputs, std::vector<ir::Arg> args, TensorType out) {
+    ir::NodePtr node =
+        Make(like, op, std::move(schema), std::move(inputs), std::move(args), std::move(out));
     extra_.push_back(node);
     return node;
+  }
+
+  // torch.roll(x, shift, d), as large as `like`'s result.
+  static ir::NodePtr Roll(const ir::Node& like, const ir::Value& x, int64_t shift, int64_t d) {
+    return Make(like, "aten::roll",
+                {{"self", ir::ArgType::kTensor}, {"shifts", ir::ArgType::kIntList},
+                 {"dims", ir::ArgType::kIntList}},
+                {x}, {ir::Arg::Tensor(0), ir::Arg::IntList({shift}), ir::Arg::IntList({d})},
+                like.output(0));
+  }
+
+  // The rows of a source tensor that single-output `v` is (a slice's ShardingRule::rows_of).
+  static std::optional<ShardingRule::RowsOf> SlicedRows(const ir::Value& v) {
+    if (v.index != 0 || v.node->num_outputs() != 1 || v.node->inputs().empty())
+      return std::nullopt;
+    std::optional<ShardingRule> rule = GetRule(*v.node);
+    return rule ? rule->rows_of : std::nullopt;
   }
 
   // F.pad(x[a:a + len], (p, q)) along d, as large as x (a shift that fills with the pad
@@ -166,14 +191,11 @@ class Simplifier {
   ir::NodePtr FilledShift(const ir::Node& n,
                           const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
     if (n.inputs().size() != 1 || n.num_outputs() != 1) return nullptr;
-    const ir::Value& piece = n.input(0);
-    if (piece.index != 0 || piece.node->num_outputs() != 1 || piece.node->inputs().empty())
-      return nullptr;
-    std::optional<ShardingRule> rule = GetRule(*piece.node);
-    if (!rule || !rule->rows_of) return nullptr;
+    const std::optional<ShardingRule::RowsOf> rows = SlicedRows(n.input(0));
+    if (!rows) return nullptr;
     const TensorType& out = n.output(0);
-    const int64_t d = rule->rows_of->dim, a = rule->rows_of->start, len = rule->rows_of->length;
-    const ir::Value x = ThroughWholeSlices(piece.node->input(0));
+    const int64_t d = rows->dim, a = rows->start, len = rows->length;
+    const ir::Value x = ThroughWholeSlices(n.input(0).node->input(0));
     if (x.type() != out) return nullptr;
     // The pad list holds (before, after) per dim from the last one: only d's may be non-zero.
     const int pad_index = ArgIndex(n, "pad"), value_index = ArgIndex(n, "value");
@@ -200,11 +222,8 @@ class Simplifier {
 
     using ir::Arg;
     using ir::ArgType;
-    ir::NodePtr roll = Emit(n, "aten::roll",
-                            {{"self", ArgType::kTensor}, {"shifts", ArgType::kIntList},
-                             {"dims", ArgType::kIntList}},
-                            {Remap(x, replaced)},
-                            {Arg::Tensor(0), Arg::IntList({p - a}), Arg::IntList({d})}, out);
+    ir::NodePtr roll = Roll(n, Remap(x, replaced), p - a, d);
+    extra_.push_back(roll);
     const TensorType index{DType::kInt64, {size}}, flags{DType::kBool, {size}};
     ir::NodePtr i = Emit(n, "aten::arange.start_step",
                          {{"start", ArgType::kScalar}, {"end", ArgType::kScalar},
@@ -229,27 +248,17 @@ class Simplifier {
                             {{"self", ArgType::kTensor}, {"size", ArgType::kIntList}},
                             {{keep, 0}}, {Arg::Tensor(0), Arg::IntList(along)},
                             TensorType{DType::kBool, along});
-    ir::NodePtr where = ir::MakeNode(
-        ir::InternOp("aten::where.ScalarOther",
-                     {{"condition", ArgType::kTensor}, {"self", ArgType::kTensor},
-                      {"other", ArgType::kScalar}},
-                     1),
-        {{mask, 0}, {roll, 0}}, {Arg::Tensor(0), Arg::Tensor(1), value}, {out});
-    where->set_scope(n.scope());
-    where->set_in_backward(n.in_backward());
     Count("FilledShiftsFromSlices");
-    return where;
+    return Make(n, "aten::where.ScalarOther",
+                {{"condition", ArgType::kTensor}, {"self", ArgType::kTensor},
+                 {"other", ArgType::kScalar}},
+                {{mask, 0}, {roll, 0}}, {Arg::Tensor(0), Arg::Tensor(1), value}, out);
   }
 
   // v's source through slices that keep a whole dim (torch 2.6 records x[:, a:] as a slice of
   // all of dim 0, then the slice of dim 1).
   static ir::Value ThroughWholeSlices(ir::Value v) {
-    while (v.index == 0 && v.node->num_outputs() == 1 && !v.node->inputs().empty()) {
-      std::optional<ShardingRule> rule = GetRule(*v.node);
-      const ir::Value& in = v.node->input(0);
-      if (!rule || !rule->rows_of || in.type() != v.type()) break;
-      v = in;
-    }
+    while (SlicedRows(v) && v.node->input(0).type() == v.type()) v = v.node->input(0);
     return v;
   }
 
@@ -263,11 +272,8 @@ class Simplifier {
     const int64_t d = WrapDim(IntArg(n, ArgIndex(n, "dim")), out.rank());
     std::optional<ShardingRule::RowsOf> rows[2];
     for (int i = 0; i < 2; ++i) {
-      const ir::Value& in = n.input(i);
-      if (in.index != 0 || in.node->num_outputs() != 1 || in.node->inputs().empty()) return nullptr;
-      std::optional<ShardingRule> rule = GetRule(*in.node);
-      if (!rule || !rule->rows_of || rule->rows_of->dim != d) return nullptr;
-      rows[i] = rule->rows_of;
+      rows[i] = SlicedRows(n.input(i));
+      if (!rows[i] || rows[i]->dim != d) return nullptr;
     }
     const ir::Value x = ThroughWholeSlices(n.input(0).node->input(0));
     const ir::Value y = ThroughWholeSlices(n.input(1).node->input(0));
@@ -276,19 +282,8 @@ class Simplifier {
     if (rows[1]->start != 0 || rows[0]->start != a || rows[0]->length != size - a || a == 0 ||
         a == size)
       return nullptr;
-    const ir::OpInfo* op = ir::InternOp("aten::roll",
-                                        {{"self", ir::ArgType::kTensor},
-                                         {"shifts", ir::ArgType::kIntList},
-                                         {"dims", ir::ArgType::kIntList}},
-                                        1);
-    ir::NodePtr roll = ir::MakeNode(op, {Remap(x, replaced)},
-                                    {ir::Arg::Tensor(0), ir::Arg::IntList({size - a}),
-                                     ir::Arg::IntList({d})},
-                                    {out});
-    roll->set_scope(n.scope());
-    roll->set_in_backward(n.in_backward());
     Count("RollsFromSlices");
-    return roll;
+    return Roll(n, Remap(x, replaced), size - a, d);
   }
 
   // A stack or cat of the gradients when `n` sums pieces that cover their whole dim.

@@ -20,6 +20,8 @@ from .. import runtime
 # Seconds a collective or a rendezvous waits for the other processes before it fails (gloo's
 # timeout). A dead peer usually fails faster: its sockets close.
 TIMEOUT_ENV = "SPMD_DIST_TIMEOUT"
+# What a launcher (torchrun, xmp.spawn) tells each process about its world.
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _DEFAULT_TIMEOUT = 1800
 
 
@@ -91,8 +93,7 @@ def join_from_launcher(timeout=None) -> None:
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
-        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-                   if not os.environ.get(v)]
+        missing = [v for v in LAUNCHER_ENV if not os.environ.get(v)]
         if missing:
             raise RuntimeError(
                 f"init_multiprocess: the environment variables {', '.join(missing)} are not "

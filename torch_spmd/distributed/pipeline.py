@@ -194,14 +194,15 @@ class Pipeline(nn.Module):
             # pending sums over the data axes stay pending to the end of the step.
             return {n: self._stacked(n, repeat[0]).view(self._stacked(n, repeat[0]).shape)
                     for n in names}
+        device = self._stacked(names[0], 0).device
+        masks = {r: torch.tensor([float(x == r) for x in repeat]).to(device)  # stages of repeat r
+                 for r in sorted(set(repeat))}
         out = {}
         for n in names:
             parts = []
-            for r in sorted(set(repeat)):
+            for r, mask in masks.items():
                 w = self._stacked(n, r)
-                mask = torch.tensor([float(x == r) for x in repeat], dtype=w.dtype)
-                mask = mask.to(w.device).reshape((self.stages,) + (1,) * (w.dim() - 1))
-                parts.append(w * mask)
+                parts.append(w * mask.to(w.dtype).reshape((self.stages,) + (1,) * (w.dim() - 1)))
             out[n] = functools.reduce(torch.add, parts)  # (adds: a pending sum passes them)
         return out
 

@@ -20,12 +20,9 @@ import torch.distributed as dist
 from .. import runtime
 from . import _process_world
 
-_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
 def _xla_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
                     **kwargs):
-    if all(os.environ.get(v) for v in _LAUNCHER_ENV):
+    if all(os.environ.get(v) for v in _process_world.LAUNCHER_ENV):
         yield from dist.rendezvous(_process_world.env_init_method(), timeout=timeout)
         return
     yield dist.HashStore(), 0, 1

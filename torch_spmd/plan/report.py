@@ -1,8 +1,9 @@
 """``PlanReport``: what one planned (or executed) step costs per device, and how long it would
 take on the plan's hardware."""
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .. import _C
 from .pipeline_schedule import last_schedules
@@ -179,9 +180,19 @@ def _time_by_module(stats: dict, est: dict, top: int = TOP_MODULES) -> List[dict
     return ranked[:top] + [other]
 
 
-def _in_scope(scope: str, prefix: str) -> bool:
-    """Whether `scope` is `prefix`, a module below it, or its backward."""
-    return scope == prefix or scope.startswith(prefix + ".") or scope.startswith(prefix + " ")
+def _iteration_of(scope: str, base: str, iterations: int) -> Tuple[int, bool]:
+    """(t, inside its blocks) when `scope` is `<base><t>` (a pipeline iteration), a module
+    below it or its backward; (-1, False) otherwise. Read off the scope's text: no search over
+    the iterations for each of a step's ops."""
+    if not scope.startswith(base):
+        return -1, False
+    digits = re.match(r"\d+", scope[len(base):])
+    if digits is None:
+        return -1, False
+    t, rest = int(digits.group()), scope[len(base) + digits.end():]
+    if t >= iterations or (rest and rest[0] not in ". "):
+        return -1, False
+    return t, rest.startswith(".")
 
 
 def _pipelines(stats: dict, est: dict) -> List[dict]:
@@ -190,25 +201,17 @@ def _pipelines(stats: dict, est: dict) -> List[dict]:
     time of each iteration times the share of stages that worked on no micro-batch in it."""
     out = []
     for path, sched in last_schedules().items():
-        prefixes = [f"{path}.iteration{t}" if path else f"iteration{t}"
-                    for t in range(sched.iterations)]
+        base = f"{path}.iteration" if path else "iteration"
         seconds = [0.0] * sched.iterations
         flops = [0.0] * sched.iterations  # model FLOPs
         permutes, permute_bytes = 0, 0
-
-        def iteration_of(scope: str) -> int:
-            for t, p in enumerate(prefixes):
-                if _in_scope(scope, p):
-                    return t
-            return -1
         for op, sec in zip(stats["op_costs"], est["op_seconds"]):
-            t = iteration_of(op[5])
+            t, _ = _iteration_of(op[5], base, sched.iterations)
             if t >= 0:
                 seconds[t] += sec
                 flops[t] += op[2]
         for c, timing in zip(stats["collectives"], est["collective_seconds"]):
-            scope = c.get("scope", "")
-            t = iteration_of(scope)
+            t, in_blocks = _iteration_of(c.get("scope", ""), base, sched.iterations)
             if t < 0:
                 continue
             # An iteration's work: its ops, the blocks' own collectives (tensor parallelism)
@@ -217,7 +220,7 @@ def _pipelines(stats: dict, est: dict) -> List[dict]:
             if c["kind"] == "collective-permute":
                 permutes += 1
                 permute_bytes += c["bytes"]
-            elif not scope.startswith(prefixes[t] + "."):
+            elif not in_blocks:
                 continue
             seconds[t] += timing["exposed_seconds"]
         loop = sum(seconds)
