@@ -65,6 +65,10 @@ void BindPlan(py::module_& m) {
   m.def("_set_planning", [](bool on, const std::string& name) { runtime::SetPlanning(on, name); },
         py::arg("on"), py::arg("name") = "");
   m.def("_planning", [] { return runtime::Planning(); });
+  // For the auto-sharding search (torch_spmd/plan/auto_shard.py): which dims of the step's
+  // inputs the rules tie together.
+  m.def("_data_id", &aten::DataId);
+  m.def("_pending_dim_classes", &aten::PendingDimClasses);
   // Per-device bytes over the last step's program (one entry per program node), and the values
   // live at its peak: (bytes, op, scope, defined at, last use), largest first.
   m.def("_last_memory_timeline", [] {

@@ -114,6 +114,10 @@ void ClearSharding(const at::Tensor& t) {
   if (slot->value.node->is_data()) {
     runtime::DeviceDataPtr data = DataOf(slot->value);
     if (!data->sharding().valid()) return;
+    if (data->planned()) {  // plan mode: only the layout changes, there is nothing to move
+      SetSlotValue(slot, ir::Value{ir::MakeDataNode(data->Relayout(Sharding())), 0});
+      return;
+    }
     at::Tensor host = data->ToHost();
     SetSlotValue(slot, ir::Value{ir::MakeDataNode(runtime::DeviceData::FromHost(host, Sharding())), 0});
     return;

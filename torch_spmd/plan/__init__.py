@@ -123,3 +123,8 @@ class Plan:
 def report_last_step(hardware: Union[str, dict] = "host") -> PlanReport:
     """The same report for the last *executed* step, on ``hardware`` (outside any plan)."""
     return build_report(xr.global_runtime_device_count(), resolve(hardware), planned=False)
+
+
+from .auto_shard import AutoShardResult, Layout, auto_shard, plan_layouts  # noqa: E402,F401
+
+__all__ += ["auto_shard", "plan_layouts", "AutoShardResult", "Layout"]

@@ -1,0 +1,212 @@
+"""Auto-sharding (torch_spmd.plan.auto_shard): the dim classes it searches over, a layout never
+worse than the hand-written ones, the memory budget, and the chosen layout executed: equal to
+CPU eager, with exactly the planned collectives and peak."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_spmd.core.xla_model as xm
+import torch_spmd.distributed.spmd as xs
+from torch_spmd.plan import auto_shard, plan_layouts, report_last_step
+from torch_spmd.plan.auto_shard import _rank
+
+pytestmark = pytest.mark.usefixtures("eight_devices")
+
+HW = dict(name="test", peak_flops_bf16=2e12, hbm_bytes=16 << 30, hbm_bandwidth=2e11,
+          ring_bandwidth=1e10, kernel_overhead=1e-6)
+BATCH, DIM, HIDDEN = 16, 64, 512
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(DIM, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def build():
+    torch.manual_seed(0)
+    model = Net().to("spmd")
+    x = torch.zeros(BATCH, DIM, device="spmd")
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2), (x,)
+
+
+def step(model, opt, x):
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.fixture(scope="module")
+def result():
+    return auto_shard(build, step, num_devices=8, hardware=HW, time_limit=300)
+
+
+def test_classes_are_the_batch_the_residual_width_and_each_blocks_hidden_dim(result):
+    classes = sorted(sorted(c) for c in result.classes)
+    assert classes == sorted([
+        [("inputs[0]", 0)],
+        sorted([("inputs[0]", 1), ("blocks.0.fc1.weight", 1), ("blocks.0.fc2.weight", 0),
+                ("blocks.0.fc2.bias", 0), ("blocks.1.fc1.weight", 1),
+                ("blocks.1.fc2.weight", 0), ("blocks.1.fc2.bias", 0)]),
+        # tie_blocks: both blocks' hidden dims are one decision (Megatron's column/row pair)
+        sorted([("blocks.0.fc1.weight", 0), ("blocks.0.fc1.bias", 0), ("blocks.0.fc2.weight", 1),
+                ("blocks.1.fc1.weight", 0), ("blocks.1.fc1.bias", 0), ("blocks.1.fc2.weight", 1)]),
+    ])
+
+
+def _hand_layouts():
+    def spec(kind):
+        def f(name, p):
+            if kind == "dp":
+                return (None,) * p.dim()
+            if kind == "fsdp":
+                return (("data", "model"),) + (None,) * (p.dim() - 1)
+            other = "data" if kind == "2d" else None
+            if "fc1" in name:
+                return ("model", other) if p.dim() == 2 else ("model",)
+            return (other, "model") if p.dim() == 2 else (None,)
+        return f
+    every = [(("data", "model"), None)]
+    out = {"dp": ((8, 1), ("data", "model"), spec("dp"), every),
+           "fsdp": ((8, 1), ("data", "model"), spec("fsdp"), every)}
+    for shape in ((4, 2), (2, 4), (1, 8)):
+        batch = [("data", None)] if shape[0] > 1 else [(None, None)]
+        out[f"tp {shape}"] = (shape, ("data", "model"), spec("tp"), batch)
+        out[f"2d {shape}"] = (shape, ("data", "model"), spec("2d"), batch)
+    return out
+
+
+def test_never_worse_than_the_hand_written_layouts(result):
+    hand = plan_layouts(build, step, 8, _hand_layouts(), hardware=HW)
+    assert all(v is not None for v in hand.values())
+    best_hand = min(hand.values(), key=_rank)
+    assert not result.timed_out
+    assert result.best.fits
+    assert result.best.predicted_step_seconds <= best_hand.predicted_step_seconds * (1 + 1e-9), \
+        (result.best.describe(), {k: v.describe() for k, v in hand.items()})
+    # the runners-up are ranked, best first
+    ranks = [_rank(l) for l in [result.best] + result.runners_up]
+    assert ranks == sorted(ranks)
+
+
+def test_memory_budget_is_respected_when_a_layout_fits_it():
+    hand = plan_layouts(build, step, 8, _hand_layouts(), hardware=HW)
+    budget = hand["dp"].peak_bytes - 1  # data parallelism does not fit
+    assert hand["fsdp"].peak_bytes <= budget
+    r = auto_shard(build, step, num_devices=8, hardware=HW, memory_budget=budget, time_limit=300)
+    assert r.best.fits and r.best.peak_bytes <= budget
+    # nothing fits 1 KiB: the least memory wins, reported as over budget
+    r = auto_shard(build, step, num_devices=8, hardware=HW, memory_budget=1024, time_limit=300,
+                   mesh_shapes=[(8, 1)])
+    assert not r.best.fits and "over budget" in r.best.describe()
+
+
+def test_chosen_layout_executes_equal_to_cpu_with_the_planned_collectives(result):
+    torch.manual_seed(0)
+    cpu = Net()
+    x_cpu = torch.randn(BATCH, DIM)
+    model = copy.deepcopy(cpu).to("spmd")
+    x = x_cpu.to("spmd")
+    result.apply(model, (x,))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    for _ in range(2):  # the second step is the steady state that was planned
+        step(model, opt, x)
+        xm.mark_step()
+        step(cpu, opt_cpu, x_cpu)
+    executed = report_last_step(HW)
+    planned = result.best.report
+
+    def colls(r):
+        return sorted((c["kind"], tuple(c["axes"]), c["bytes"], c["count"]) for c in r.collectives)
+
+    assert colls(executed) == colls(planned)
+    assert executed.peak_bytes_per_device == planned.peak_bytes_per_device
+    # AdamW turns rounding-level differences of near-zero gradients into steps of up to lr,
+    # so the parameters agree to lr/10; the gradients after them agree to rounding.
+    for (name, p), q in zip(model.named_parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=0, atol=1e-3, msg=name)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    xm.mark_step()
+    loss_cpu = cpu(x_cpu).pow(2).mean()
+    loss_cpu.backward()
+    torch.testing.assert_close(loss.cpu(), loss_cpu, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_mark_sharding_lines_are_code_that_gives_the_same_layout(result):
+    lines = result.mark_sharding_lines()
+    if len(set(result.best.param_specs.values()) - {(None,), (None, None)}) > 0:
+        assert "xs.mark_sharding(" in lines
+    model, _, inputs = build()
+    ns = dict(xs=xs, np=np, model=model, inputs=inputs)
+    exec(lines, ns)
+    model2, _, inputs2 = build()
+    result.apply(model2, inputs2)
+    from torch_spmd import _C
+    for (n, p), q in zip(model.named_parameters(), model2.parameters()):
+        assert _C._get_sharding_spec(p) == _C._get_sharding_spec(q), n
+    assert _C._get_sharding_spec(inputs[0]) == _C._get_sharding_spec(inputs2[0])
+    assert str(result).startswith("auto_shard: ")
+
+
+def test_str_lists_blocks_as_one_loop():
+    r = auto_shard(build, step, num_devices=8, hardware=HW, time_limit=300,
+                   mesh_shapes=[(1, 8)])
+    lines = r.mark_sharding_lines()
+    # on 8 model-parallel devices every block's weights are sharded
+    assert all(any(a is not None for a in s) for n, s in r.best.param_specs.items()
+               if n.endswith("weight"))
+    assert "for i in range(0, 2):" in lines and "blocks.{i}." in lines
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_devices=0), "num_devices must be a positive int, got 0"),
+    (dict(num_devices=8, time_limit=0), "time_limit must be a positive number of seconds, got 0"),
+    (dict(num_devices=8, memory_budget=-1), "memory_budget must be a positive number of bytes, got -1"),
+    (dict(num_devices=8, mesh_shapes=[(3, 2)]), "mesh shape (3, 2) is not a (data, model) shape of 8"),
+])
+def test_bad_arguments_raise_value_errors_naming_them(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        auto_shard(build, step, hardware=HW, **kwargs)
+    assert message in str(e.value)
+
+
+def test_build_must_return_spmd_tensors():
+    def cpu_build():
+        model = Net()
+        return model, None, (torch.zeros(BATCH, DIM),)
+    with pytest.raises(ValueError, match=r"build\(\) must return spmd tensors; blocks.0.fc1.weight is cpu"):
+        auto_shard(cpu_build, step, num_devices=8, hardware=HW)
+
+
+def test_clear_sharding_of_planned_data_changes_only_its_layout():
+    from torch_spmd.plan import Plan
+    with Plan(hardware=HW):
+        t = torch.zeros(8, 4, device="spmd")
+        mesh = xs.Mesh(np.arange(8), (8,), ("data",))
+        xs.mark_sharding(t, mesh, ("data", None))
+        xs.clear_sharding(t)
+        xs.mark_sharding(t, mesh, (None, None))
+        assert t.shape == (8, 4)

@@ -1,0 +1,479 @@
+"""Auto-sharding: plan mode chooses the partition specs.
+
+  >>> def build():                       # called inside the plan: nothing is allocated
+  ...     model = GPT(cfg).to("spmd")
+  ...     idx = torch.zeros(64, 1024, dtype=torch.long, device="spmd")
+  ...     return model, torch.optim.AdamW(model.parameters()), (idx,)
+  >>> def step(model, opt, idx):         # one training step, without mark_step
+  ...     model.loss(idx, idx).backward(); opt.step(); opt.zero_grad()
+  >>> result = auto_shard(build, step, num_devices=64, hardware="tpu-v5p", time_limit=30)
+  >>> print(result)                      # the chosen layout, its plan, the runners-up
+  >>> print(result.mark_sharding_lines())
+  >>> mesh = result.apply(model, inputs=(idx,))   # the same specs on a real model
+
+What is searched. The step is recorded once; the ops' sharding rules tie the dims of its
+parameters and inputs into classes (``_C._pending_dim_classes``, partition/dim_classes.h: the
+batch, the model width, each MLP's hidden dim, ...), the logical axes a MaxText user would name
+by hand. With ``tie_blocks`` (default) classes whose parameter dims differ only in a block index
+(``h.3.mlp.fc.weight`` / ``h.7.mlp.fc.weight``) are one decision. A layout gives every class an
+ordered tuple of mesh axes (or none) on a 2-D mesh ``(data, model)``; a parameter or input takes
+on each dim its class's axes, an optimizer state its parameter's. Data parallelism, FSDP,
+Megatron's column/row pairs, sequence sharding and their 2-D combinations are all points of this
+space; every mesh factorisation of the device count is tried.
+
+How it is costed. Each candidate layout is applied to the planned tensors and the step is
+planned for real (propagation, partitioning, the step-time model and the memory timeline: the
+same numbers as ``Plan.report()``), so a layout is never better on paper than in its own plan.
+A layout whose peak exceeds ``memory_budget`` loses to every one that fits.
+
+How it searches. Two seeds per mesh (data parallel: the first input's leading dim over every
+axis; FSDP: that, plus the class holding most parameter bytes over every axis), then coordinate
+descent from the best seeds: one class at a time takes each other axis tuple, and a change that
+lowers the predicted step (or the peak, while nothing fits) is kept, until a sweep changes
+nothing or ``time_limit`` runs out. The best layout found is returned whenever the time runs out.
+It is a local search against the exact plan, not an exact optimum (docs/plan_mode.md).
+"""
+import itertools
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .. import _C
+
+__all__ = ["auto_shard", "plan_layouts", "AutoShardResult", "Layout"]
+
+Spec = Tuple  # a partition spec: per dim None, an axis name, or a tuple of axis names
+
+
+@dataclass
+class Layout:
+    """One evaluated layout: a mesh shape and every parameter's and input's spec, with its
+    plan's predicted step time and peak memory per device."""
+    mesh_shape: Tuple[int, ...]
+    axis_names: Tuple[str, ...]
+    param_specs: Dict[str, Spec]
+    input_specs: List[Spec]
+    predicted_step_seconds: float
+    peak_bytes: int
+    fits: bool
+    report: object = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        mesh = " x ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
+        return (f"mesh ({mesh}): step {self.predicted_step_seconds * 1e3:.2f} ms, peak "
+                f"{self.peak_bytes / 2**30:.2f} GiB{'' if self.fits else ' (over budget)'}")
+
+
+@dataclass
+class AutoShardResult:
+    """What ``auto_shard`` found: ``best`` and the next best layouts (``runners_up``, best
+    first, one per distinct layout), with how many layouts were planned and how long it took."""
+    best: Layout
+    runners_up: List[Layout]
+    evaluations: int
+    seconds: float
+    timed_out: bool
+    classes: List[List[Tuple[str, int]]]  # per decision: the (tensor, dim) it shards
+
+    def __str__(self) -> str:
+        lines = [f"auto_shard: {self.evaluations} layouts planned in {self.seconds:.1f} s"
+                 f"{' (time limit reached)' if self.timed_out else ''}",
+                 f"  best:      {self.best.describe()}"]
+        lines += [f"  runner-up: {r.describe()}" for r in self.runners_up[:4]]
+        return "\n".join(lines + ["", self.mark_sharding_lines()])
+
+    def mark_sharding_lines(self, model: str = "model", mesh: str = "mesh") -> str:
+        """The layout as the lines a user would write (repeated blocks as one loop)."""
+        b = self.best
+        lines = [f"{mesh} = xs.Mesh(np.arange({math.prod(b.mesh_shape)}), {b.mesh_shape}, "
+                 f"{b.axis_names})"]
+        by_pattern: Dict[Tuple[str, Spec], List[str]] = {}
+        for name, spec in b.param_specs.items():
+            if all(a is None for a in spec):
+                continue
+            pattern = _BLOCK_INDEX.sub(".{i}.", name)
+            by_pattern.setdefault((pattern, spec), []).append(name)
+        for (pattern, spec), names in by_pattern.items():
+            one_index = len(names) > 1 and pattern.count("{i}") == 1
+            blocks = [int(_BLOCK_INDEX.search(n).group()[1:-1]) for n in names] if one_index else []
+            if one_index and \
+                    blocks == list(range(blocks[0], blocks[0] + len(names))):
+                lines.append(f"for i in range({blocks[0]}, {blocks[-1] + 1}):\n    xs.mark_sharding("
+                             f"{model}.get_parameter(f{pattern!r}), {mesh}, {spec!r})")
+            else:
+                lines += [f"xs.mark_sharding({model}.get_parameter({n!r}), {mesh}, {spec!r})"
+                          for n in names]
+        for i, spec in enumerate(b.input_specs):
+            if any(a is not None for a in spec):
+                lines.append(f"xs.mark_sharding(inputs[{i}], {mesh}, {spec!r})")
+        return "\n".join(lines)
+
+    def apply(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor] = ()):
+        """Marks the chosen specs on ``model``'s parameters and on ``inputs`` (spmd tensors of
+        the shapes planned); returns the mesh they are marked on."""
+        from ..distributed.spmd import mesh as mesh_mod
+        from ..distributed.spmd.xla_sharding import mark_sharding
+        b = self.best
+        mesh = mesh_mod.Mesh(np.arange(math.prod(b.mesh_shape)), b.mesh_shape, b.axis_names)
+        params = dict(model.named_parameters())
+        missing = sorted(set(b.param_specs) - set(params))
+        if missing:
+            raise ValueError(f"apply: the model has no parameter {missing[0]!r} (the layout was "
+                             f"found for a model with {len(b.param_specs)} parameters)")
+        for name, spec in b.param_specs.items():
+            if any(a is not None for a in spec):
+                mark_sharding(params[name], mesh, spec)
+        if len(inputs) not in (0, len(b.input_specs)):
+            raise ValueError(f"apply: expected {len(b.input_specs)} inputs, got {len(inputs)}")
+        for t, spec in zip(inputs, b.input_specs):
+            if any(a is not None for a in spec):
+                mark_sharding(t, mesh, spec)
+        return mesh
+
+
+_BLOCK_INDEX = re.compile(r"\.\d+\.")
+
+
+def _mesh_shapes(n: int) -> List[Tuple[int, int]]:
+    """(data, model) factorisations of n, data parallel first."""
+    return [(n // m, m) for m in range(1, n + 1) if n % m == 0]
+
+
+def _axis_tuples(axes: Sequence[Tuple[str, int]]) -> List[Tuple[str, ...]]:
+    """Every ordered tuple of distinct axes (of size > 1), the empty one first."""
+    names = [a for a, size in axes if size > 1]
+    out = [()]
+    for r in range(1, len(names) + 1):
+        out += list(itertools.permutations(names, r))
+    return out
+
+
+class _Search:
+    """The planned model, its leaves (parameters, optimizer states, inputs), its classes,
+    and the cache of evaluated layouts."""
+
+    def __init__(self, build, step, plan, budget, tie_blocks, find_classes=True):
+        from ..core import xla_model as xm
+        self.xm, self.plan, self.budget, self.step = xm, plan, budget, step
+        self.model, self.opt, inputs = build()
+        self.inputs = tuple(inputs)
+        self.params = [(n, p) for n, p in self.model.named_parameters()]
+        self._check_spmd()
+        # A first step makes the optimizer's state (steady state is what is planned).
+        self._run()
+        self.states = self._optimizer_states()
+        self.classes, self.dims = self._classes(tie_blocks) if find_classes else ([], [])
+        self.groups = self._storage_groups(tie_blocks)
+        self.cache: Dict[tuple, Layout] = {}
+
+    def _storage_groups(self, tie_blocks):
+        """Parameters whose storage is decided together: one block's parameter and the same
+        parameter of every other block (with ``tie_blocks``), each parameter alone otherwise."""
+        groups: Dict[tuple, List[int]] = {}
+        for i, (name, p) in enumerate(self.params):
+            key = (_BLOCK_INDEX.sub(".*.", name) if tie_blocks else name, tuple(p.shape))
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+    def _check_spmd(self):
+        for name, t in [(n, p) for n, p in self.params] + \
+                [(f"inputs[{i}]", t) for i, t in enumerate(self.inputs)]:
+            if not isinstance(t, torch.Tensor) or t.device.type != "spmd":
+                raise ValueError(f"auto_shard: build() must return spmd tensors; {name} is "
+                                 f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.device}")
+
+    def _run(self):
+        self.step(self.model, self.opt, *self.inputs)
+        self.xm.mark_step()
+
+    def _optimizer_states(self):
+        """(state tensor, index of its parameter or -1) for every tensor state."""
+        if self.opt is None:
+            return []
+        index = {id(p): i for i, (_, p) in enumerate(self.params)}
+        out = []
+        for p, st in self.opt.state.items():
+            for v in st.values():
+                if isinstance(v, torch.Tensor) and v.device.type == "spmd":
+                    same = v.shape == p.shape
+                    out.append((v, index.get(id(p), -1) if same else -1))
+        return out
+
+    def _classes(self, tie_blocks):
+        """Per decision the (leaf, dim) members; per leaf the decision of each dim (-1: none)."""
+        leaves = [n for n, _ in self.params] + [f"inputs[{i}]" for i in range(len(self.inputs))]
+        tensors = [p for _, p in self.params] + list(self.inputs)
+        ids = [_C._data_id(t) for t in tensors]
+        self.step(self.model, self.opt, *self.inputs)      # recorded, not yet planned
+        found = _C._pending_dim_classes()
+        self.xm.mark_step()
+        members: Dict[int, List[Tuple[str, int]]] = {}
+        leaf_dims = []
+        for name, t, i in zip(leaves, tensors, ids):
+            dims = found.get(i, [-1] * t.dim())           # a leaf the step does not read
+            leaf_dims.append(dims)
+            for d, c in enumerate(dims):
+                if c >= 0:
+                    members.setdefault(c, []).append((name, d))
+        # Tie classes whose members differ only in a block index.
+        key_of = {}
+        for c, m in members.items():
+            key = frozenset((_BLOCK_INDEX.sub(".*.", n), d) for n, d in m) if tie_blocks else c
+            key_of[c] = key
+        keys = list(dict.fromkeys(key_of[c] for c in sorted(members)))
+        decision = {k: i for i, k in enumerate(keys)}
+        classes = [[] for _ in keys]
+        for c, m in members.items():
+            classes[decision[key_of[c]]] += m
+        dims = [[decision[key_of[c]] if c >= 0 else -1 for c in ds] for ds in leaf_dims]
+        return classes, dims
+
+    def sizes(self):
+        """Per decision: the sizes of its dims, and the parameter bytes it touches."""
+        shapes = {n: p.shape for n, p in self.params}
+        shapes.update({f"inputs[{i}]": t.shape for i, t in enumerate(self.inputs)})
+        nbytes = {n: p.numel() * p.element_size() for n, p in self.params}
+        return ([[shapes[n][d] for n, d in m] for m in self.classes],
+                [sum(nbytes.get(n, 0) for n, _ in m) for m in self.classes])
+
+    def specs(self, choice) -> Optional[List[Spec]]:
+        """Per leaf its spec under `choice`: the axes of each dim's class, then, for a
+        parameter, the storage axes of its group on their dim (FSDP). None where a leaf would
+        use a mesh axis twice."""
+        nc = len(self.classes)
+        storage = {}
+        for g, members in enumerate(self.groups):
+            for i in members:
+                storage[i] = choice[nc + g]
+        out = []
+        for i, dims in enumerate(self.dims):
+            axes_of = [tuple(choice[c]) if c >= 0 else () for c in dims]
+            if storage.get(i):
+                d, extra = storage[i]
+                axes_of[d] = axes_of[d] + tuple(extra)
+            flat = [a for axes in axes_of for a in axes]
+            if len(flat) != len(set(flat)):
+                return None
+            out.append(tuple(None if not a else a[0] if len(a) == 1 else a for a in axes_of))
+        return out
+
+    def evaluate(self, mesh_shape, names, choice) -> Optional[Layout]:
+        """The layout giving each decision the axes in `choice`, planned (cached)."""
+        specs = self.specs(choice)
+        return None if specs is None else self.evaluate_specs(mesh_shape, names, specs)
+
+    def evaluate_specs(self, mesh_shape, names, specs) -> Optional[Layout]:
+        """Plans the step with `specs` (per parameter, then per input) on a mesh of
+        `mesh_shape`; None when the step cannot run in that layout. Cached."""
+        key = (tuple(mesh_shape), tuple(names), tuple(specs))
+        if key in self.cache:
+            return self.cache[key]
+        from ..distributed.spmd import mesh as mesh_mod
+        from ..distributed.spmd.xla_sharding import clear_sharding, mark_sharding
+        mesh = mesh_mod.Mesh(np.arange(math.prod(mesh_shape)), mesh_shape, names)
+        tensors = [p for _, p in self.params] + list(self.inputs)
+        pairs = list(zip(tensors, specs)) + \
+            [(v, specs[i] if i >= 0 else (None,) * v.dim()) for v, i in self.states]
+        for t, spec in pairs:
+            clear_sharding(t)
+            if any(a is not None for a in spec):
+                mark_sharding(t, mesh, spec)
+        try:
+            self._run()
+        except (RuntimeError, ValueError):
+            self.cache[key] = None  # a layout the step cannot run in (counted as not found)
+            return None
+        r = self.plan.report()
+        peak = max(r.peak_bytes_per_device)
+        n = len(self.params)
+        layout = Layout(tuple(mesh_shape), tuple(names),
+                        {name: s for (name, _), s in zip(self.params, specs[:n])},
+                        list(specs[n:]), r.predicted_step_seconds, peak, peak <= self.budget, r)
+        self.cache[key] = layout
+        return layout
+
+
+def _seeds(shapes, names, nc, batch, storage_options, options, ng):
+    """(mesh shape, choice) pairs to descend from. Data parallelism and FSDP (every parameter's
+    dim 0 stored over the axes) over every device are one layout on any mesh shape: planned
+    once, on the flattest shape. On a shape with a model axis, the batch over 'data' only (the
+    model axis left to the parameters), with and without FSDP over 'data'."""
+    out = []
+    flattest = min(shapes, key=lambda s: s[1])
+
+    def seed(shape, batch_axes, fsdp_axes):
+        choice = [()] * nc + [None] * ng
+        if batch >= 0 and batch_axes and batch_axes in options(shape, batch):
+            choice[batch] = batch_axes
+        if fsdp_axes:
+            for g in range(ng):
+                if (0, fsdp_axes) in storage_options(shape, g):
+                    choice[nc + g] = (0, fsdp_axes)
+        return choice
+
+    for shape in shapes:
+        every = tuple(a for a, size in zip(names, shape) if size > 1)
+        if shape == flattest or shape[1] == 1:
+            out += [(shape, seed(shape, every, ())), (shape, seed(shape, every, every))]
+        else:
+            data = (names[0],) if shape[0] > 1 else ()
+            out += [(shape, seed(shape, data, ())), (shape, seed(shape, data, data))]
+    unique = []
+    for s, c in out:
+        if (s, c) not in unique:
+            unique.append((s, c))
+    return unique
+
+
+def _better(a: Optional[Layout], b: Optional[Layout]) -> bool:
+    """Whether a beats b: fitting first, then the predicted step (while nothing fits, the
+    peak)."""
+    if a is None:
+        return False
+    if b is None:
+        return True
+    return _rank(a) < _rank(b)
+
+
+def _rank(a: Layout) -> tuple:
+    """Sort key: layouts that fit first, by predicted step (equal steps to 1e-9: by peak);
+    then the others by peak."""
+    if not a.fits:
+        return (1, a.peak_bytes, 0.0)
+    return (0, round(a.predicted_step_seconds, 9), a.peak_bytes)
+
+
+def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-v4",
+               memory_budget: Optional[float] = None, time_limit: float = 60.0,
+               mesh_shapes: Optional[Sequence[Tuple[int, int]]] = None,
+               axis_names: Tuple[str, str] = ("data", "model"),
+               tie_blocks: bool = True) -> AutoShardResult:
+    """Chooses the partition specs of a training step (see the module docstring).
+
+    Args:
+        build: called once inside the plan; returns ``(model, optimizer or None, inputs)``
+            with the model's parameters and the inputs (a tuple) on the spmd device.
+        step: ``step(model, optimizer, *inputs)`` records one training step (forward, backward,
+            optimizer), without ``mark_step``.
+        num_devices: devices of the pod.
+        hardware: a ``torch_spmd.plan`` preset name or dict.
+        memory_budget: bytes per device a layout may peak at (default: the hardware's HBM).
+        time_limit: seconds; the best layout found so far is returned when they run out.
+        mesh_shapes: the ``(data, model)`` shapes to try (default: every factorisation).
+        axis_names: the two mesh axes' names.
+        tie_blocks: decide repeated blocks' parameters together.
+    """
+    from . import Plan, resolve
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(f"auto_shard: num_devices must be a positive int, got {num_devices!r}")
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ValueError(f"auto_shard: time_limit must be a positive number of seconds, got {time_limit!r}")
+    hw = resolve(hardware)
+    budget = float(hw["hbm_bytes"]) if memory_budget is None else float(memory_budget)
+    if not budget > 0:
+        raise ValueError(f"auto_shard: memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    shapes = list(mesh_shapes) if mesh_shapes is not None else _mesh_shapes(num_devices)
+    for s in shapes:
+        if len(s) != 2 or math.prod(s) != num_devices:
+            raise ValueError(f"auto_shard: mesh shape {tuple(s)!r} is not a (data, model) "
+                             f"shape of {num_devices} devices")
+    names = tuple(axis_names)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    with Plan(num_devices=num_devices, hardware=hw) as plan:
+        search = _Search(build, step, plan, budget, tie_blocks)
+        sizes, param_bytes = search.sizes()
+        nc, ng = len(search.classes), len(search.groups)
+        first_input = search.dims[len(search.params)] if search.inputs else []
+        batch = first_input[0] if first_input else -1
+        nbytes = [p.numel() * p.element_size() for _, p in search.params]
+        group_bytes = [sum(nbytes[i] for i in g) for g in search.groups]
+        # Classes by the parameter bytes they shard, the batch last: from a seed that leaves
+        # the model axis to the parameters, the classes that can use it (Megatron's pairs)
+        # move before the batch takes it back. Then the storage of each group, largest first.
+        order = sorted(range(nc), key=lambda c: (c == batch, -param_bytes[c])) + \
+            sorted(range(nc, nc + ng), key=lambda g: -group_bytes[g - nc])
+
+        def tuples(shape):
+            return _axis_tuples(list(zip(names, shape)))
+
+        def divides(shape, axes, size):
+            return size % math.prod(dict(zip(names, shape))[a] for a in axes) == 0
+
+        def storage_options(shape, g):
+            p = search.params[search.groups[g][0]][1]
+            return [None] + [(d, t) for d in range(p.dim()) for t in tuples(shape)[1:]
+                             if divides(shape, t, p.shape[d])]
+
+        def options(shape, i):
+            if i >= nc:
+                return storage_options(shape, i - nc)
+            return [t for t in tuples(shape) if all(divides(shape, t, d) for d in sizes[i])]
+
+        timed_out = False
+        starts = []  # (layout, shape, choice)
+        for shape, choice in _seeds(shapes, names, nc, batch, storage_options, options, ng):
+            if time.perf_counter() > deadline and starts:
+                timed_out = True
+                break
+            lay = search.evaluate(shape, names, choice)
+            if lay is not None:
+                starts.append((lay, shape, choice))
+        if not starts:
+            raise RuntimeError("auto_shard: no layout of the step could be planned")
+        starts.sort(key=lambda s: _rank(s[0]))
+        best = starts[0][0]
+        for lay, shape, choice in starts:  # descend from every seed, the best first
+            if timed_out:
+                break
+            current, choice = lay, list(choice)
+            improved = True
+            while improved and not timed_out:
+                improved = False
+                for c in order:  # one decision at a time
+                    for axes in options(shape, c):
+                        if axes == choice[c]:
+                            continue
+                        if time.perf_counter() > deadline:
+                            timed_out = True
+                            break
+                        trial = choice[:c] + [axes] + choice[c + 1:]
+                        lay2 = search.evaluate(shape, names, trial)
+                        if _better(lay2, current):
+                            current, choice, improved = lay2, trial, True
+                    if timed_out:
+                        break
+            if _better(current, best):
+                best = current
+        ranked = sorted((l for l in search.cache.values() if l is not None), key=_rank)
+        runners = [l for l in ranked if l is not best]
+    return AutoShardResult(best, runners, sum(1 for v in search.cache.values()),
+                           time.perf_counter() - t0, timed_out, search.classes)
+
+
+def plan_layouts(build: Callable, step: Callable, num_devices: int, layouts: Dict[str, tuple],
+                 hardware="tpu-v4", memory_budget: Optional[float] = None) -> Dict[str, Optional[Layout]]:
+    """Plans hand-written layouts of one step in one session (to compare them, or to compare
+    ``auto_shard``'s choice with them). ``layouts`` maps a name to ``(mesh_shape, axis_names,
+    param_spec, input_specs)``: ``param_spec(name, parameter)`` gives a parameter's partition
+    spec, ``input_specs`` one spec per input. ``build`` and ``step`` are as for
+    ``auto_shard``. A layout the step cannot be planned in maps to None."""
+    from . import Plan, resolve
+    hw = resolve(hardware)
+    budget = float(hw["hbm_bytes"]) if memory_budget is None else float(memory_budget)
+    out = {}
+    with Plan(num_devices=num_devices, hardware=hw) as plan:
+        search = _Search(build, step, plan, budget, tie_blocks=False, find_classes=False)
+        for name, (shape, names, param_spec, input_specs) in layouts.items():
+            if math.prod(shape) != num_devices:
+                raise ValueError(f"plan_layouts: layout {name!r} has mesh shape {tuple(shape)} "
+                                 f"for {num_devices} devices")
+            specs = [tuple(param_spec(n, p)) for n, p in search.params] + \
+                [tuple(s) for s in input_specs]
+            out[name] = search.evaluate_specs(tuple(shape), tuple(names), specs)
+    return out
