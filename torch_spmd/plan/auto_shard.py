@@ -13,25 +13,25 @@
 
 What is searched. The step is recorded once; the ops' sharding rules tie the dims of its
 parameters and inputs into classes (``_C._pending_dim_classes``, partition/dim_classes.h: the
-batch, the model width, each MLP's hidden dim, ...), the logical axes a MaxText user would name
-by hand. With ``tie_blocks`` (default) classes whose parameter dims differ only in a block index
-(``h.3.mlp.fc.weight`` / ``h.7.mlp.fc.weight``) are one decision. A layout gives every class an
-ordered tuple of mesh axes (or none) on a 2-D mesh ``(data, model)``; a parameter or input takes
-on each dim its class's axes, an optimizer state its parameter's. Data parallelism, FSDP,
-Megatron's column/row pairs, sequence sharding and their 2-D combinations are all points of this
-space; every mesh factorisation of the device count is tried.
+batch, the model width, each MLP's hidden dim with both of its weights, ...), the logical axes a
+MaxText user would name by hand. A layout gives every class an ordered tuple of the axes of a
+2-D mesh ``(data, model)`` (or none), and every parameter group a storage choice: a dim and the
+axes it is stored over beyond its class's (FSDP), or none. With ``tie_blocks`` (default) repeated
+blocks are one decision (``h.3.mlp.fc.weight`` / ``h.7.mlp.fc.weight``). Optimizer states follow
+their parameter. Data parallelism, FSDP, Megatron's column/row pairs, sequence sharding and their
+2-D combinations are all points of this space; every mesh factorisation is tried.
 
 How it is costed. Each candidate layout is applied to the planned tensors and the step is
 planned for real (propagation, partitioning, the step-time model and the memory timeline: the
 same numbers as ``Plan.report()``), so a layout is never better on paper than in its own plan.
 A layout whose peak exceeds ``memory_budget`` loses to every one that fits.
 
-How it searches. Two seeds per mesh (data parallel: the first input's leading dim over every
-axis; FSDP: that, plus the class holding most parameter bytes over every axis), then coordinate
-descent from the best seeds: one class at a time takes each other axis tuple, and a change that
-lowers the predicted step (or the peak, while nothing fits) is kept, until a sweep changes
-nothing or ``time_limit`` runs out. The best layout found is returned whenever the time runs out.
-It is a local search against the exact plan, not an exact optimum (docs/plan_mode.md).
+How it searches. Seeds (``_seeds``): data parallelism and FSDP over every device, and per mesh
+shape with a model axis the batch over 'data' only, with and without FSDP over 'data'. From
+each seed, best first, coordinate descent: one decision at a time takes each other option, and
+a change that lowers the predicted step (or the peak, while nothing fits) is kept, until a sweep
+changes nothing or ``time_limit`` runs out. The best layout found is returned whenever the time
+runs out. It is a local search against the exact plan, not an exact optimum (docs/plan_mode.md).
 """
 import itertools
 import math
@@ -402,18 +402,20 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         def tuples(shape):
             return _axis_tuples(list(zip(names, shape)))
 
-        def divides(shape, axes, size):
-            return size % math.prod(dict(zip(names, shape))[a] for a in axes) == 0
+        def fits_tiles(shape, axes, size):
+            # (tiles may be uneven, padded as the partitioner pads them: a 50257-row
+            # vocabulary is still worth sharding; a dim smaller than the tiles is not)
+            return size >= math.prod(dict(zip(names, shape))[a] for a in axes)
 
         def storage_options(shape, g):
             p = search.params[search.groups[g][0]][1]
             return [None] + [(d, t) for d in range(p.dim()) for t in tuples(shape)[1:]
-                             if divides(shape, t, p.shape[d])]
+                             if fits_tiles(shape, t, p.shape[d])]
 
         def options(shape, i):
             if i >= nc:
                 return storage_options(shape, i - nc)
-            return [t for t in tuples(shape) if all(divides(shape, t, d) for d in sizes[i])]
+            return [t for t in tuples(shape) if all(fits_tiles(shape, t, d) for d in sizes[i])]
 
         timed_out = False
         starts = []  # (layout, shape, choice)
