@@ -210,3 +210,32 @@ def test_clear_sharding_of_planned_data_changes_only_its_layout():
         xs.clear_sharding(t)
         xs.mark_sharding(t, mesh, (None, None))
         assert t.shape == (8, 4)
+
+
+def test_plan_layouts_equals_a_run_marked_on_fresh_tensors():
+    # Axes in both orders on one class, and a parameter left unannotated: its Adam moments are
+    # made by the first step in the layout propagation gives them, not in the parameter's. The
+    # exact evaluation plans it as a run has it, so memory and collectives are the executed ones.
+    specs = {"fc1.weight": (("model", "data"), None), "fc1.bias": (("data", "model"),),
+             "fc2.weight": (("model", "data"), None), "fc2.bias": (None,)}
+
+    def spec(name, p):
+        return specs[name.split(".", 2)[2]]
+
+    planned = plan_layouts(build, step, 8, {"mixed": ((2, 4), ("data", "model"), spec,
+                                                      [(None, None)])}, hardware=HW)["mixed"]
+    assert planned.exact
+    model, opt, _ = build()
+    x = torch.randn(BATCH, DIM).to("spmd")
+    mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+    for n, p in model.named_parameters():  # a spec without axes is no annotation (as apply)
+        if any(a is not None for a in spec(n, p)):
+            xs.mark_sharding(p, mesh, spec(n, p))
+    for _ in range(2):
+        step(model, opt, x)
+        xm.mark_step()
+    executed = report_last_step(HW)
+    assert executed.peak_bytes_per_device == planned.report.peak_bytes_per_device
+    assert executed.resident_bytes_per_device == planned.report.resident_bytes_per_device
+    assert sorted((c["kind"], tuple(c["axes"]), c["bytes"], c["count"]) for c in executed.collectives) == \
+        sorted((c["kind"], tuple(c["axes"]), c["bytes"], c["count"]) for c in planned.report.collectives)

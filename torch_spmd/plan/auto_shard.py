@@ -33,6 +33,7 @@ a change that lowers the predicted step (or the peak, while nothing fits) is kep
 changes nothing or ``time_limit`` runs out. The best layout found is returned whenever the time
 runs out. It is a local search against the exact plan, not an exact optimum (docs/plan_mode.md).
 """
+import gc
 import itertools
 import math
 import re
@@ -62,6 +63,7 @@ class Layout:
     peak_bytes: int
     fits: bool
     report: object = field(default=None, repr=False)
+    exact: bool = False  # planned as a training run has it (evaluate_specs)
 
     def describe(self) -> str:
         mesh = " x ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
@@ -159,11 +161,8 @@ class _Search:
 
     def __init__(self, build, step, plan, budget, tie_blocks, find_classes=True):
         from ..core import xla_model as xm
-        self.xm, self.plan, self.budget, self.step = xm, plan, budget, step
-        self.model, self.opt, inputs = build()
-        self.inputs = tuple(inputs)
-        self.params = [(n, p) for n, p in self.model.named_parameters()]
-        self._check_spmd()
+        self.xm, self.plan, self.budget, self.step, self.build = xm, plan, budget, step, build
+        self._build()
         # A first step makes the optimizer's state (steady state is what is planned).
         self._run()
         self.states = self._optimizer_states()
@@ -179,6 +178,15 @@ class _Search:
             key = (_BLOCK_INDEX.sub(".*.", name) if tie_blocks else name, tuple(p.shape))
             groups.setdefault(key, []).append(i)
         return list(groups.values())
+
+    def _build(self):
+        self.model, self.opt, inputs = self.build()
+        self.inputs = tuple(inputs)
+        self.params = [(n, p) for n, p in self.model.named_parameters()]
+        self._check_spmd()
+        # Made by factories, the inputs would be computed inside the first step, in whatever
+        # layout propagation gives them; a run's batches arrive as data.
+        self.xm.mark_step()
 
     def _check_spmd(self):
         for name, t in [(n, p) for n, p in self.params] + \
@@ -267,62 +275,92 @@ class _Search:
         specs = self.specs(choice)
         return None if specs is None else self.evaluate_specs(mesh_shape, names, specs)
 
-    def evaluate_specs(self, mesh_shape, names, specs) -> Optional[Layout]:
+    def evaluate_specs(self, mesh_shape, names, specs, exact=False) -> Optional[Layout]:
         """Plans the step with `specs` (per parameter, then per input) on a mesh of
-        `mesh_shape`; None when the step cannot run in that layout. Cached."""
-        key = (tuple(mesh_shape), tuple(names), tuple(specs))
+        `mesh_shape`; None when the step cannot run in that layout. Cached.
+
+        The search's evaluation re-lays out the tensors of the previous one, gives each
+        optimizer state its parameter's spec and plans one step. A real run marks fresh
+        tensors, and its states take whatever layout the step that creates them gives them (a
+        replicated bias's Adam moments come out sharded like its reduce-scattered gradient).
+        So an `exact` evaluation builds the model, optimizer and inputs again, marks them and
+        plans two steps, as a training run starts: the second, steady-state step is reported.
+        It costs a build and two steps; auto_shard uses it to re-rank its best layouts."""
+        key = (tuple(mesh_shape), tuple(names), tuple(specs), exact)
         if key in self.cache:
             return self.cache[key]
         from ..distributed.spmd import mesh as mesh_mod
         from ..distributed.spmd.xla_sharding import clear_sharding, mark_sharding
         mesh = mesh_mod.Mesh(np.arange(math.prod(mesh_shape)), mesh_shape, names)
+        if exact:
+            # (the old tensors go first: still held, they would count as live beside the step)
+            self.model = self.opt = self.inputs = self.params = self.states = None
+            gc.collect()
+            self._build()
         tensors = [p for _, p in self.params] + list(self.inputs)
-        pairs = list(zip(tensors, specs)) + \
-            [(v, specs[i] if i >= 0 else (None,) * v.dim()) for v, i in self.states]
+        pairs = list(zip(tensors, specs))
+        if not exact:
+            pairs += [(v, specs[i] if i >= 0 else (None,) * v.dim()) for v, i in self.states]
         for t, spec in pairs:
             clear_sharding(t)
             if any(a is not None for a in spec):
                 mark_sharding(t, mesh, spec)
         try:
             self._run()
+            if exact:
+                self._run()
         except (RuntimeError, ValueError):
             self.cache[key] = None  # a layout the step cannot run in (counted as not found)
             return None
+        finally:
+            if exact:
+                self.states = self._optimizer_states()
         r = self.plan.report()
         peak = max(r.peak_bytes_per_device)
         n = len(self.params)
         layout = Layout(tuple(mesh_shape), tuple(names),
                         {name: s for (name, _), s in zip(self.params, specs[:n])},
-                        list(specs[n:]), r.predicted_step_seconds, peak, peak <= self.budget, r)
+                        list(specs[n:]), r.predicted_step_seconds, peak, peak <= self.budget, r,
+                        exact)
         self.cache[key] = layout
         return layout
 
 
-def _seeds(shapes, names, nc, batch, storage_options, options, ng):
+def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
     """(mesh shape, choice) pairs to descend from. Data parallelism and FSDP (every parameter's
     dim 0 stored over the axes) over every device are one layout on any mesh shape: planned
-    once, on the flattest shape. On a shape with a model axis, the batch over 'data' only (the
-    model axis left to the parameters), with and without FSDP over 'data'."""
+    once, on the flattest shape. On a shape with a model axis, tensor parallelism: the batch
+    over 'data', and the parameter-only classes (`model_classes`, most bytes first) over
+    'model' wherever no tensor then uses it twice: for a transformer, Megatron's column/row
+    pairs and a vocabulary-parallel embedding; with and without FSDP over 'data'."""
     out = []
     flattest = min(shapes, key=lambda s: s[1])
+    data, model = names
 
-    def seed(shape, batch_axes, fsdp_axes):
-        choice = [()] * nc + [None] * ng
-        if batch >= 0 and batch_axes and batch_axes in options(shape, batch):
-            choice[batch] = batch_axes
-        if fsdp_axes:
-            for g in range(ng):
-                if (0, fsdp_axes) in storage_options(shape, g):
-                    choice[nc + g] = (0, fsdp_axes)
+    def set_if(choice, i, value, shape):
+        trial = choice[:i] + [value] + choice[i + 1:]
+        return trial if value in options(shape, i) and valid(trial) else choice
+
+    def fsdp(choice, shape, axes):
+        for g in range(nc, nc + ng):
+            for d in range(2):  # dim 0, else dim 1 (when dim 0 is tensor-parallel)
+                trial = set_if(choice, g, (d, axes), shape)
+                if trial is not choice:
+                    choice = trial
+                    break
         return choice
 
     for shape in shapes:
+        base = [()] * nc + [None] * ng
         every = tuple(a for a, size in zip(names, shape) if size > 1)
         if shape == flattest or shape[1] == 1:
-            out += [(shape, seed(shape, every, ())), (shape, seed(shape, every, every))]
+            dp = set_if(base, batch, every, shape) if batch >= 0 else base
+            out += [(shape, dp), (shape, fsdp(dp, shape, every))]
         else:
-            data = (names[0],) if shape[0] > 1 else ()
-            out += [(shape, seed(shape, data, ())), (shape, seed(shape, data, data))]
+            tp = set_if(base, batch, (data,), shape) if batch >= 0 and shape[0] > 1 else base
+            for c in model_classes:
+                tp = set_if(tp, c, (model,), shape)
+            out += [(shape, tp)] + ([(shape, fsdp(tp, shape, (data,)))] if shape[0] > 1 else [])
     unique = []
     for s, c in out:
         if (s, c) not in unique:
@@ -352,7 +390,7 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                memory_budget: Optional[float] = None, time_limit: float = 60.0,
                mesh_shapes: Optional[Sequence[Tuple[int, int]]] = None,
                axis_names: Tuple[str, str] = ("data", "model"),
-               tie_blocks: bool = True) -> AutoShardResult:
+               tie_blocks: bool = True, rerank: int = 5) -> AutoShardResult:
     """Chooses the partition specs of a training step (see the module docstring).
 
     Args:
@@ -367,7 +405,11 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         mesh_shapes: the ``(data, model)`` shapes to try (default: every factorisation).
         axis_names: the two mesh axes' names.
         tie_blocks: decide repeated blocks' parameters together.
+        rerank: how many of the best layouts are planned again exactly (``evaluate_specs``)
+            to choose among them; the result's ``best`` and its report are exact.
     """
+    if isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 1:
+        raise ValueError(f"auto_shard: rerank must be a positive int, got {rerank!r}")
     from . import Plan, resolve
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise ValueError(f"auto_shard: num_devices must be a positive int, got {num_devices!r}")
@@ -396,8 +438,15 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         # Classes by the parameter bytes they shard, the batch last: from a seed that leaves
         # the model axis to the parameters, the classes that can use it (Megatron's pairs)
         # move before the batch takes it back. Then the storage of each group, largest first.
-        order = sorted(range(nc), key=lambda c: (c == batch, -param_bytes[c])) + \
-            sorted(range(nc, nc + ng), key=lambda g: -group_bytes[g - nc])
+        # Decisions about less than 0.5% of the parameter bytes and no input dim (norm
+        # weights, biases) are left as the seed has them: each costs a planned step per option
+        # and moves next to nothing.
+        total = sum(nbytes) or 1
+        feeds_input = {c for dims in search.dims[len(search.params):] for c in dims if c >= 0}
+        order = sorted((c for c in range(nc) if c in feeds_input or param_bytes[c] >= total / 200),
+                       key=lambda c: (c == batch, -param_bytes[c])) + \
+            sorted((nc + g for g in range(ng) if group_bytes[g] >= total / 200),
+                   key=lambda i: -group_bytes[i - nc])
 
         def tuples(shape):
             return _axis_tuples(list(zip(names, shape)))
@@ -419,7 +468,10 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
 
         timed_out = False
         starts = []  # (layout, shape, choice)
-        for shape, choice in _seeds(shapes, names, nc, batch, storage_options, options, ng):
+        widest = max(range(nc), key=lambda c: param_bytes[c], default=-1)
+        model_classes = [c for c in order if c < nc and c not in feeds_input and c != widest]
+        for shape, choice in _seeds(shapes, names, nc, ng, batch, model_classes, options,
+                                    lambda choice: search.specs(choice) is not None):
             if time.perf_counter() > deadline and starts:
                 timed_out = True
                 break
@@ -452,9 +504,19 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                         break
             if _better(current, best):
                 best = current
-        ranked = sorted((l for l in search.cache.values() if l is not None), key=_rank)
-        runners = [l for l in ranked if l is not best]
-    return AutoShardResult(best, runners, sum(1 for v in search.cache.values()),
+        # The best few layouts, planned again exactly (each optimizer state in the layout a
+        # run gives it), decide; the time limit does not cut this short.
+        ranked = sorted((l for k, l in search.cache.items() if l is not None and not k[3]),
+                        key=_rank)
+        exact = [search.evaluate_specs(l.mesh_shape, l.axis_names,
+                                       list(l.param_specs.values()) + list(l.input_specs),
+                                       exact=True) for l in ranked[:rerank]]
+        exact = sorted((l for l in exact if l is not None), key=_rank)
+        if not exact:
+            raise RuntimeError("auto_shard: none of the best layouts could be planned exactly")
+        best = exact[0]
+        runners = exact[1:] + ranked[rerank:]
+    return AutoShardResult(best, runners, len(search.cache),
                            time.perf_counter() - t0, timed_out, search.classes)
 
 
@@ -477,5 +539,5 @@ def plan_layouts(build: Callable, step: Callable, num_devices: int, layouts: Dic
                                  f"for {num_devices} devices")
             specs = [tuple(param_spec(n, p)) for n, p in search.params] + \
                 [tuple(s) for s in input_specs]
-            out[name] = search.evaluate_specs(tuple(shape), tuple(names), specs)
+            out[name] = search.evaluate_specs(tuple(shape), tuple(names), specs, exact=True)
     return out
