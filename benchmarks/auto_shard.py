@@ -26,9 +26,9 @@ ROOT = os.path.dirname(HERE)
 GIB = 2**30
 # name: (model, devices, hardware, budget bytes or None, time limit s)
 CASES = {
-    "gpt2-8-a100": ("gpt2", 8, "a100-80gb", None, 30),
-    "gpt2-64-v5p": ("gpt2", 64, "tpu-v5p", None, 30),
-    "gpt2-64-v5p-8GiB": ("gpt2", 64, "tpu-v5p", 8 * GIB, 30),
+    "gpt2-8-a100": ("gpt2", 8, "a100-80gb", None, 10),
+    "gpt2-64-v5p": ("gpt2", 64, "tpu-v5p", None, 10),
+    "gpt2-64-v5p-2GiB": ("gpt2", 64, "tpu-v5p", 2 * GIB, 10),
     "llama8b-64-v5p": ("llama8b", 64, "tpu-v5p", None, 60),
     "llama8b-64-v5p-24GiB": ("llama8b", 64, "tpu-v5p", 24 * GIB, 60),
     "llama8b-256-h100": ("llama8b", 256, "h100-80gb", None, 60),

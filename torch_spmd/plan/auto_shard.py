@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from .. import _C
+from ..distributed.spmd._partition_spec import normalize
 
 __all__ = ["auto_shard", "plan_layouts", "AutoShardResult", "Layout"]
 
@@ -162,6 +163,7 @@ class _Search:
     def __init__(self, build, step, plan, budget, tie_blocks, find_classes=True):
         from ..core import xla_model as xm
         self.xm, self.plan, self.budget, self.step, self.build = xm, plan, budget, step, build
+        self._meshes, self._sharding_args = {}, {}
         self._build()
         # A first step makes the optimizer's state (steady state is what is planned).
         self._run()
@@ -178,6 +180,12 @@ class _Search:
             key = (_BLOCK_INDEX.sub(".*.", name) if tie_blocks else name, tuple(p.shape))
             groups.setdefault(key, []).append(i)
         return list(groups.values())
+
+    def _mesh(self, shape, names):
+        from ..distributed.spmd import mesh as mesh_mod
+        if (shape, names) not in self._meshes:
+            self._meshes[shape, names] = mesh_mod.Mesh(np.arange(math.prod(shape)), shape, names)
+        return self._meshes[shape, names]
 
     def _build(self):
         self.model, self.opt, inputs = self.build()
@@ -289,9 +297,7 @@ class _Search:
         key = (tuple(mesh_shape), tuple(names), tuple(specs), exact)
         if key in self.cache:
             return self.cache[key]
-        from ..distributed.spmd import mesh as mesh_mod
-        from ..distributed.spmd.xla_sharding import clear_sharding, mark_sharding
-        mesh = mesh_mod.Mesh(np.arange(math.prod(mesh_shape)), mesh_shape, names)
+        mesh = self._mesh(tuple(mesh_shape), tuple(names))
         if exact:
             # (the old tensors go first: still held, they would count as live beside the step)
             self.model = self.opt = self.inputs = self.params = self.states = None
@@ -301,10 +307,13 @@ class _Search:
         pairs = list(zip(tensors, specs))
         if not exact:
             pairs += [(v, specs[i] if i >= 0 else (None,) * v.dim()) for v, i in self.states]
-        for t, spec in pairs:
-            clear_sharding(t)
+        for t, spec in pairs:  # (xs.mark_sharding's checks and wrapper, once per spec)
+            _C._clear_sharding(t)
             if any(a is not None for a in spec):
-                mark_sharding(t, mesh, spec)
+                on = (mesh.mesh_shape, mesh.axis_names, spec)
+                if on not in self._sharding_args:
+                    self._sharding_args[on] = mesh._sharding_args(normalize(spec))
+                _C._mark_sharding(t, *self._sharding_args[on])
         try:
             self._run()
             if exact:
