@@ -170,10 +170,14 @@ def main():
             "Hand layouts: data parallel, FSDP (dim 0 over every device), Megatron TP and "
             "FSDP x TP on every (data, model) factorisation with a model axis of at most 64 "
             "(`_hand_spec`); their best is the one that fits with the lowest predicted step. "
-            "auto_shard knows none of them: it finds the step's dim classes, seeds data "
-            "parallel and FSDP per mesh and descends one class at a time against the plan "
-            "(torch_spmd/plan/auto_shard.py). Both sides are planned by the same plan mode "
-            "(bf16 Llama, fp32 GPT-2, AdamW, steady-state step). GPT-2: 12 layers, d=768, "
+            "auto_shard knows none of them and no parameter names: it finds the step's dim "
+            "classes, seeds data parallelism and FSDP, and per mesh shape the batch over "
+            "'data' with the parameter-only classes over 'model', descends one decision at a "
+            "time against the plan, and re-plans its best 5 exactly "
+            "(torch_spmd/plan/auto_shard.py). Both sides are planned exactly (fresh tensors "
+            "marked, two steps, the second reported: bf16 Llama, fp32 GPT-2, AdamW). "
+            "Solve time is the whole call, including the exact re-planning after the "
+            "limit. GPT-2: 12 layers, d=768, "
             "batch 64 x 1024. Llama 8B: 32 layers, d=4096, GQA 8 KV heads, SwiGLU 14336, "
             "vocab 128256, batch 64 x 2048, attention written out (S x S scores held).")
         write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "Auto-sharding (issue 28)",

@@ -27,11 +27,14 @@ same numbers as ``Plan.report()``), so a layout is never better on paper than in
 A layout whose peak exceeds ``memory_budget`` loses to every one that fits.
 
 How it searches. Seeds (``_seeds``): data parallelism and FSDP over every device, and per mesh
-shape with a model axis the batch over 'data' only, with and without FSDP over 'data'. From
-each seed, best first, coordinate descent: one decision at a time takes each other option, and
-a change that lowers the predicted step (or the peak, while nothing fits) is kept, until a sweep
-changes nothing or ``time_limit`` runs out. The best layout found is returned whenever the time
-runs out. It is a local search against the exact plan, not an exact optimum (docs/plan_mode.md).
+shape with a model axis tensor parallelism (the batch over 'data', the parameter-only classes
+over 'model' where no tensor uses it twice: Megatron's pairs), with and without FSDP over
+'data'. From each seed, best first, coordinate descent: one decision at a time takes each other
+option, and a change that lowers the predicted step (or the peak, while nothing fits) is kept,
+until a sweep changes nothing or ``time_limit`` runs out. Then the best few layouts are planned
+again exactly (``evaluate_specs(exact=True)``: fresh tensors, two steps, as a run has them) and
+the best of those is returned. It is a local search against the exact plan, not an exact
+optimum (docs/plan_mode.md).
 """
 import gc
 import itertools
@@ -410,7 +413,8 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         num_devices: devices of the pod.
         hardware: a ``torch_spmd.plan`` preset name or dict.
         memory_budget: bytes per device a layout may peak at (default: the hardware's HBM).
-        time_limit: seconds; the best layout found so far is returned when they run out.
+        time_limit: seconds for the whole call (the exact re-planning of the best layouts
+            included); the best layout found is returned when they run out.
         mesh_shapes: the ``(data, model)`` shapes to try (default: every factorisation).
         axis_names: the two mesh axes' names.
         tie_blocks: decide repeated blocks' parameters together.
@@ -475,13 +479,21 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                 return storage_options(shape, i - nc)
             return [t for t in tuples(shape) if all(fits_tiles(shape, t, d) for d in sizes[i])]
 
+        def out_of_time():
+            # The exact re-planning at the end (a build and two steps per layout) is kept
+            # inside the limit: reserved at the mean cost of the evaluations so far.
+            planned = max(1, len(search.cache))
+            mean = (time.perf_counter() - t_search) / planned
+            return time.perf_counter() + rerank * 2.5 * mean > deadline
+
+        t_search = time.perf_counter()
         timed_out = False
         starts = []  # (layout, shape, choice)
         widest = max(range(nc), key=lambda c: param_bytes[c], default=-1)
         model_classes = [c for c in order if c < nc and c not in feeds_input and c != widest]
         for shape, choice in _seeds(shapes, names, nc, ng, batch, model_classes, options,
                                     lambda choice: search.specs(choice) is not None):
-            if time.perf_counter() > deadline and starts:
+            if out_of_time() and starts:
                 timed_out = True
                 break
             lay = search.evaluate(shape, names, choice)
@@ -502,7 +514,7 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                     for axes in options(shape, c):
                         if axes == choice[c]:
                             continue
-                        if time.perf_counter() > deadline:
+                        if out_of_time():
                             timed_out = True
                             break
                         trial = choice[:c] + [axes] + choice[c + 1:]
