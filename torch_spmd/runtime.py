@@ -28,13 +28,17 @@ _XLA_USE_SPMD = "XLA_USE_SPMD"
 def use_spmd(auto: Optional[bool] = False) -> None:
     """Enables SPMD mode (records the flag; spmd tensors are always SPMD-partitioned here).
 
-    ``auto=True`` (XLA's experimental auto-sharding) is not implemented and raises
-    NotImplementedError instead of silently running without any sharding.
+    ``auto=True`` (XLA's experimental auto-sharding of every step, as it compiles) is not
+    implemented and raises NotImplementedError instead of silently running without any
+    sharding. Auto-sharding here is a planning call: ``torch_spmd.plan.auto_shard`` chooses the
+    partition specs of a training step in plan mode and applies them.
     """
     if auto:
         raise NotImplementedError(
-            "use_spmd(auto=True): auto-sharding is not implemented in torch_spmd; call "
-            "use_spmd() and annotate tensors with torch_spmd.distributed.spmd.mark_sharding")
+            "use_spmd(auto=True): auto-sharding is not implemented in torch_spmd at compile "
+            "time; choose the specs with torch_spmd.plan.auto_shard (plan mode, "
+            "docs/plan_mode.md) and apply them, or annotate tensors with "
+            "torch_spmd.distributed.spmd.mark_sharding")
     os.environ[_XLA_USE_SPMD] = "1"
 
 

@@ -2,6 +2,7 @@
 worse than the hand-written ones, the memory budget, and the chosen layout executed: equal to
 CPU eager, with exactly the planned collectives and peak."""
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -239,3 +240,52 @@ def test_plan_layouts_equals_a_run_marked_on_fresh_tensors():
     assert executed.resident_bytes_per_device == planned.report.resident_bytes_per_device
     assert sorted((c["kind"], tuple(c["axes"]), c["bytes"], c["count"]) for c in executed.collectives) == \
         sorted((c["kind"], tuple(c["axes"]), c["bytes"], c["count"]) for c in planned.report.collectives)
+
+
+def _mlp_case(batch, dim, hidden):
+    def build_mlp():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)).to("spmd")
+        x = torch.zeros(batch, dim, device="spmd")
+        return model, torch.optim.AdamW(model.parameters()), (x,)
+    return build_mlp
+
+
+V5P = "tpu-v5p"
+
+
+def test_rediscovers_data_parallelism_when_activations_dominate():
+    # 2^20 rows through a 256 -> 1024 -> 256 MLP: ~1 ms of matmuls per device against tens
+    # of microseconds to reduce 2 MB of gradients
+    r = auto_shard(_mlp_case(1 << 20, 256, 1024), step, num_devices=8, hardware=V5P,
+                   time_limit=300)
+    # every device holds an eighth of the batch: the batch dim uses all 8 devices
+    batch_axes = r.best.input_specs[0][0]
+    axes = (batch_axes,) if isinstance(batch_axes, str) else batch_axes
+    sizes = dict(zip(r.best.axis_names, r.best.mesh_shape))
+    assert math.prod(sizes[a] for a in axes) == 8, r.best.describe()
+
+
+def test_rediscovers_megatron_pairs_when_weights_dominate():
+    # 8 rows of activations against 2 x 16M-parameter weights on a model axis of 8: the hidden
+    # dim over 'model' on both weights (column- then row-parallel), nothing gathered
+    r = auto_shard(_mlp_case(8, 2048, 8192), step, num_devices=8, hardware=V5P, time_limit=300,
+                   mesh_shapes=[(1, 8)])
+    specs = r.best.param_specs
+    assert specs["0.weight"][0] == "model" and specs["2.weight"][1] == "model", specs
+    kinds = {c["kind"] for c in r.best.report.collectives}
+    assert "all-gather" not in kinds, r.best.report.collectives
+
+
+def test_rediscovers_fsdp_when_parameters_do_not_fit_replicated():
+    build_mlp = _mlp_case(64, 2048, 8192)
+    hand = plan_layouts(build_mlp, step, 8, {"dp": ((8, 1), ("data", "model"),
+                                                    lambda n, p: (None,) * p.dim(),
+                                                    [("data", None)])}, hardware=V5P)
+    budget = hand["dp"].peak_bytes // 2  # replicated parameters and Adam state do not fit
+    r = auto_shard(build_mlp, step, num_devices=8, hardware=V5P, memory_budget=budget,
+                   time_limit=300, mesh_shapes=[(8, 1)])
+    assert r.best.fits and r.best.peak_bytes <= budget
+    # both weights are stored sharded over all 8 devices
+    for name in ("0.weight", "2.weight"):
+        assert any(a is not None for a in r.best.param_specs[name]), r.best.param_specs

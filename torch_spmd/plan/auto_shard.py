@@ -480,11 +480,12 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
             return [t for t in tuples(shape) if all(fits_tiles(shape, t, d) for d in sizes[i])]
 
         def out_of_time():
-            # The exact re-planning at the end (a build and two steps per layout) is kept
-            # inside the limit: reserved at the mean cost of the evaluations so far.
+            # The exact re-planning at the end (a build and two steps per layout) and the
+            # evaluation about to start are kept inside the limit: reserved at the mean cost
+            # of the evaluations so far.
             planned = max(1, len(search.cache))
             mean = (time.perf_counter() - t_search) / planned
-            return time.perf_counter() + rerank * 2.5 * mean > deadline
+            return time.perf_counter() + (rerank * 3 + 1) * mean > deadline
 
         t_search = time.perf_counter()
         timed_out = False
