@@ -6,7 +6,7 @@ planned on every (data, model) factorisation of the devices (``plan_layouts``):
 data parallel (the batch over every device), FSDP (every parameter's dim 0 over every device,
 as FSDPv2), Megatron tensor parallelism (column-parallel q/k/v/fc, row-parallel out/proj, a
 vocab-parallel embedding, the batch over 'data') and FSDP x TP (the same with the parameters'
-other dim over 'data'). Then ``auto_shard`` searches, knowing none of them, within the time
+other dim over 'data'); for ResNet-50, spatial partitioning instead of TP. Then ``auto_shard`` searches, knowing none of them, within the time
 limit. Reported: the best hand layout's predicted step and peak, auto_shard's, their ratio, the
 solve time and the layouts planned. Every case is planned in a fresh process.
 
@@ -32,12 +32,15 @@ CASES = {
     "llama8b-64-v5p": ("llama8b", 64, "tpu-v5p", None, 60),
     "llama8b-64-v5p-24GiB": ("llama8b", 64, "tpu-v5p", 24 * GIB, 60),
     "llama8b-256-h100": ("llama8b", 256, "h100-80gb", None, 60),
+    "resnet50-8-v4": ("resnet50", 8, "tpu-v4", None, 60),
 }
 
 
 def _model(kind):
     import torch
-    from plan_models import GPT2Config, GPT2LMHeadModel, Llama, LlamaConfig
+    from plan_models import GPT2Config, GPT2LMHeadModel, Llama, LlamaConfig, ResNet50
+    if kind == "resnet50":  # 128 images per chip, fp32, SGD with momentum
+        return ResNet50, 1024, None, torch.float32
     if kind == "gpt2":
         cfg = GPT2Config(batch=64, seq=1024)
         return (lambda: GPT2LMHeadModel(cfg)), cfg.batch, cfg.seq, torch.float32
@@ -85,28 +88,51 @@ def run_case(name):
     kind, n, hw, budget, limit = CASES[name]
     make, batch, seq, _ = _model(kind)
 
-    def build():
-        with torch.device("spmd"):
-            model = make()
-            idx = torch.zeros(batch, seq, dtype=torch.long)
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-4), (idx,)
+    import torch.nn.functional as F
+    every = ("data", "model")
+    if kind == "resnet50":
+        def build():
+            with torch.device("spmd"):
+                model = make()
+                x = torch.zeros(batch, 3, 224, 224)
+                y = torch.zeros(batch, dtype=torch.long)
+            return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), (x, y)
 
-    def step(model, opt, idx):
-        import torch.nn.functional as F
-        logits = model(idx)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), idx.reshape(-1)).backward()
-        opt.step()
-        opt.zero_grad()
+        def step(model, opt, x, y):
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
 
-    layouts = {"dp": ((n, 1), ("data", "model"), lambda q, p: _hand_spec("dp", q, p),
-                      [(("data", "model"), None)]),
-               "fsdp": ((n, 1), ("data", "model"), lambda q, p: _hand_spec("fsdp", q, p),
-                        [(("data", "model"), None)])}
+        def inputs(batch_axes, h_axes=None):
+            return [(batch_axes, None, h_axes, None), (batch_axes,)]
+    else:
+        def build():
+            with torch.device("spmd"):
+                model = make()
+                idx = torch.zeros(batch, seq, dtype=torch.long)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-4), (idx,)
+
+        def step(model, opt, idx):
+            logits = model(idx)
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                            idx.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+
+        def inputs(batch_axes, h_axes=None):
+            return [(batch_axes, None)]
+
+    layouts = {"dp": ((n, 1), every, lambda q, p: _hand_spec("dp", q, p), inputs(every)),
+               "fsdp": ((n, 1), every, lambda q, p: _hand_spec("fsdp", q, p), inputs(every))}
     for m in (m for m in range(2, n + 1) if n % m == 0 and m <= 64):
+        if kind == "resnet50":  # spatial partitioning: the images' rows over 'model'
+            layouts[f"spatial {n // m}x{m}"] = (
+                (n // m, m), every, lambda q, p: _hand_spec("dp", q, p), inputs("data", "model"))
+            continue
         for kind_ in ("tp", "fsdp-tp"):
             layouts[f"{kind_} {n // m}x{m}"] = (
-                (n // m, m), ("data", "model"), (lambda k: lambda q, p: _hand_spec(k, q, p))(kind_),
-                [("data", None)])
+                (n // m, m), every, (lambda k: lambda q, p: _hand_spec(k, q, p))(kind_),
+                inputs("data"))
     t0 = time.perf_counter()
     hand = plan_layouts(build, step, n, layouts, hardware=hw, memory_budget=budget)
     hand_s = time.perf_counter() - t0
@@ -179,7 +205,10 @@ def main():
             "Solve time is the whole call, including the exact re-planning after the "
             "limit. GPT-2: 12 layers, d=768, "
             "batch 64 x 1024. Llama 8B: 32 layers, d=4096, GQA 8 KV heads, SwiGLU 14336, "
-            "vocab 128256, batch 64 x 2048, attention written out (S x S scores held).")
+            "vocab 128256, batch 64 x 2048, attention written out (S x S scores held). "
+            "ResNet-50: batch 1024 of 224 x 224 images, SGD with momentum; its hand layouts "
+            "are data parallel, FSDP and spatial partitioning (the images' rows over 'model', "
+            "the batch over 'data').")
         write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "Auto-sharding (issue 28)",
                       "`python benchmarks/auto_shard.py --write`\n\n" + text + "\n\n" + notes)
 

@@ -485,7 +485,7 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
             # of the evaluations so far.
             planned = max(1, len(search.cache))
             mean = (time.perf_counter() - t_search) / planned
-            return time.perf_counter() + (rerank * 3 + 1) * mean > deadline
+            return time.perf_counter() + (rerank * 4 + 1) * mean > deadline
 
         t_search = time.perf_counter()
         timed_out = False
