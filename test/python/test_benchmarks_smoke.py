@@ -1,6 +1,7 @@
-"""Smoke test of benchmarks/step_time.py (issue 11): the --quick run (tiny models, no gloo, no
-JAX) finishes, prints every row of its table and the matmul-bound line, every spmd row's
-losses agree with CPU eager, eager runs around every spmd row, and --out writes the section ready for docs/benchmarks.md."""
+"""Smoke tests of the benchmarks. benchmarks/step_time.py (issue 11): the --quick run (tiny
+models, no gloo, no JAX) finishes, prints every row of its table and the matmul-bound line, every
+spmd row's losses agree with CPU eager, eager runs around every spmd row, and --out writes the
+section ready for docs/benchmarks.md. benchmarks/auto_shard.py (issue 28): one case runs."""
 import os
 import subprocess
 import sys
@@ -44,3 +45,18 @@ def test_step_time_quick(tmp_path):
     assert "loss vs eager ok" in matmul[0]
     text = out.read_text()
     assert "## Step time" in text and "| config | s/step |" in text
+
+
+def test_auto_shard_benchmark_runs_one_case():
+    # benchmarks/auto_shard.py: one case in its child process, its row printed (the ratio is
+    # a measurement, not asserted: a loaded machine plans fewer layouts in the time limit)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "auto_shard.py"), "--only",
+         "gpt2-8-a100"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [l for l in proc.stdout.splitlines() if l.startswith("| gpt2-8-a100 |")]
+    assert rows, proc.stdout
+    cells = [c.strip() for c in rows[-1].split("|")[1:-1]]
+    assert cells[1] in ("dp", "fsdp") or cells[1].startswith(("tp ", "fsdp-tp ")), cells
+    float(cells[4])  # auto / hand
