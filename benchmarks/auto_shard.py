@@ -6,7 +6,8 @@ planned on every (data, model) factorisation of the devices (``plan_layouts``):
 data parallel (the batch over every device), FSDP (every parameter's dim 0 over every device,
 as FSDPv2), Megatron tensor parallelism (column-parallel q/k/v/fc, row-parallel out/proj, a
 vocab-parallel embedding, the batch over 'data') and FSDP x TP (the same with the parameters'
-other dim over 'data'); for ResNet-50, spatial partitioning instead of TP. Then ``auto_shard`` searches, knowing none of them, within the time
+other dim over 'data', with the embedding vocabulary-parallel or only FSDP-sharded, as
+benchmarks/plan.py's 70B layout); for ResNet-50, spatial partitioning instead of TP. Then ``auto_shard`` searches, knowing none of them, within the time
 limit. Reported: the best hand layout's predicted step and peak, auto_shard's, their ratio, the
 solve time and the layouts planned. Every case is planned in a fresh process.
 
@@ -32,6 +33,7 @@ CASES = {
     "llama8b-64-v5p": ("llama8b", 64, "tpu-v5p", None, 60),
     "llama8b-64-v5p-24GiB": ("llama8b", 64, "tpu-v5p", 24 * GIB, 60),
     "llama8b-256-h100": ("llama8b", 256, "h100-80gb", None, 60),
+    "llama70b-2048-v5p": ("llama70b", 2048, "tpu-v5p", None, 60),
     "resnet50-8-v4": ("resnet50", 8, "tpu-v4", None, 60),
 }
 
@@ -44,6 +46,9 @@ def _model(kind):
     if kind == "gpt2":
         cfg = GPT2Config(batch=64, seq=1024)
         return (lambda: GPT2LMHeadModel(cfg)), cfg.batch, cfg.seq, torch.float32
+    if kind == "llama70b":  # benchmarks/plan.py's 70B: batch 256 x 4096
+        cfg = LlamaConfig()
+        return (lambda: Llama(cfg).to(torch.bfloat16)), cfg.batch, cfg.seq, torch.bfloat16
     cfg = LlamaConfig(layers=32, dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
                       batch=64, seq=2048)
     return (lambda: Llama(cfg).to(torch.bfloat16)), cfg.batch, cfg.seq, torch.bfloat16
@@ -61,7 +66,7 @@ def _hand_spec(layout, name, p):
         return (None,) * p.dim()
     if layout == "fsdp":
         return (every,) + (None,) * (p.dim() - 1)
-    fsdp = "data" if layout == "fsdp-tp" else None
+    fsdp = "data" if layout.startswith("fsdp-tp") else None
     conv1d = name.startswith("h.")  # GPT-2's blocks
     out_dim, in_dim = (1, 0) if conv1d else (0, 1)
     spec = [None] * p.dim()
@@ -70,8 +75,11 @@ def _hand_spec(layout, name, p):
             spec[out_dim], spec[in_dim] = "model", fsdp
         elif any(k in name for k in ROW):
             spec[in_dim], spec[out_dim] = "model", fsdp
-        elif name in ("wte.weight", "tok_embeddings.weight"):  # vocab-parallel embedding
-            spec[0], spec[1] = "model", fsdp
+        elif name in ("wte.weight", "tok_embeddings.weight"):
+            if layout == "fsdp-tp-embedding-fsdp":  # benchmarks/plan.py's 70B layout
+                spec[0] = fsdp
+            else:  # vocab-parallel embedding
+                spec[0], spec[1] = "model", fsdp
         else:
             spec[0] = fsdp
     elif any(k in name for k in COLUMN):  # a column-parallel layer's bias
@@ -129,7 +137,7 @@ def run_case(name):
             layouts[f"spatial {n // m}x{m}"] = (
                 (n // m, m), every, lambda q, p: _hand_spec("dp", q, p), inputs("data", "model"))
             continue
-        for kind_ in ("tp", "fsdp-tp"):
+        for kind_ in ("tp", "fsdp-tp", "fsdp-tp-embedding-fsdp"):
             layouts[f"{kind_} {n // m}x{m}"] = (
                 (n // m, m), every, (lambda k: lambda q, p: _hand_spec(k, q, p))(kind_),
                 inputs("data"))
@@ -194,7 +202,8 @@ def main():
         from overhead import write_section
         notes = (
             "Hand layouts: data parallel, FSDP (dim 0 over every device), Megatron TP and "
-            "FSDP x TP on every (data, model) factorisation with a model axis of at most 64 "
+            "FSDP x TP (the embedding vocabulary-parallel, or FSDP-sharded as "
+            "benchmarks/plan.py's 70B) on every (data, model) factorisation with a model axis of at most 64 "
             "(`_hand_spec`); their best is the one that fits with the lowest predicted step. "
             "auto_shard knows none of them and no parameter names: it finds the step's dim "
             "classes, seeds data parallelism and FSDP, and per mesh shape the batch over "
@@ -206,6 +215,7 @@ def main():
             "limit). GPT-2: 12 layers, d=768, "
             "batch 64 x 1024. Llama 8B: 32 layers, d=4096, GQA 8 KV heads, SwiGLU 14336, "
             "vocab 128256, batch 64 x 2048, attention written out (S x S scores held). "
+            "Llama 70B: benchmarks/plan.py's (80 layers, d=8192, batch 256 x 4096). "
             "ResNet-50: batch 1024 of 224 x 224 images, SGD with momentum; its hand layouts "
             "are data parallel, FSDP and spatial partitioning (the images' rows over 'model', "
             "the batch over 'data').")

@@ -168,10 +168,12 @@ class _Search:
         self.xm, self.plan, self.budget, self.step, self.build = xm, plan, budget, step, build
         self._meshes, self._sharding_args = {}, {}
         self._build()
-        # A first step makes the optimizer's state (steady state is what is planned).
-        self._run()
-        self.states = self._optimizer_states()
-        self.classes, self.dims = self._classes(tie_blocks) if find_classes else ([], [])
+        self.states, self.classes, self.dims = [], [], []
+        if find_classes:  # (plan_layouts plans only exactly: each evaluation starts afresh)
+            # A first step makes the optimizer's state (steady state is what is planned).
+            self._run()
+            self.states = self._optimizer_states()
+            self.classes, self.dims = self._classes(tie_blocks)
         self.groups = self._storage_groups(tie_blocks)
         self.cache: Dict[tuple, Layout] = {}
 
@@ -362,6 +364,7 @@ def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
                     break
         return choice
 
+    tp_fsdp, tp_only = [], []
     for shape in shapes:
         base = [()] * nc + [None] * ng
         every = tuple(a for a, size in zip(names, shape) if size > 1)
@@ -372,7 +375,12 @@ def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
             tp = set_if(base, batch, (data,), shape) if batch >= 0 and shape[0] > 1 else base
             for c in model_classes:
                 tp = set_if(tp, c, (model,), shape)
-            out += [(shape, tp)] + ([(shape, fsdp(tp, shape, (data,)))] if shape[0] > 1 else [])
+            tp_only.append((shape, tp))
+            if shape[0] > 1:
+                tp_fsdp.append((shape, fsdp(tp, shape, (data,))))
+    # Planned in this order (a large model's plan may leave time for few): the layouts that
+    # store the least first.
+    out += tp_fsdp + tp_only
     unique = []
     for s, c in out:
         if (s, c) not in unique:
@@ -419,7 +427,8 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         axis_names: the two mesh axes' names.
         tie_blocks: decide repeated blocks' parameters together.
         rerank: how many of the best layouts are planned again exactly (``evaluate_specs``)
-            to choose among them; the result's ``best`` and its report are exact.
+            to choose among them, as many as the time limit leaves room for (at least one);
+            the result's ``best`` and its report are exact.
     """
     if isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 1:
         raise ValueError(f"auto_shard: rerank must be a positive int, got {rerank!r}")
@@ -479,13 +488,13 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                 return storage_options(shape, i - nc)
             return [t for t in tuples(shape) if all(fits_tiles(shape, t, d) for d in sizes[i])]
 
+        def mean_evaluation():
+            return (time.perf_counter() - t_search) / max(1, len(search.cache))
+
         def out_of_time():
-            # The exact re-planning at the end (a build and two steps per layout) and the
-            # evaluation about to start are kept inside the limit: reserved at the mean cost
-            # of the evaluations so far.
-            planned = max(1, len(search.cache))
-            mean = (time.perf_counter() - t_search) / planned
-            return time.perf_counter() + (rerank * 4 + 1) * mean > deadline
+            # Kept inside the limit: the evaluation about to start and two exact re-plans
+            # (a build and two steps each, about 3.5 evaluations), at the mean cost so far.
+            return time.perf_counter() + 8 * mean_evaluation() > deadline
 
         t_search = time.perf_counter()
         timed_out = False
@@ -503,7 +512,6 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         if not starts:
             raise RuntimeError("auto_shard: no layout of the step could be planned")
         starts.sort(key=lambda s: _rank(s[0]))
-        best = starts[0][0]
         for lay, shape, choice in starts:  # descend from every seed, the best first
             if timed_out:
                 break
@@ -524,20 +532,27 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                             current, choice, improved = lay2, trial, True
                     if timed_out:
                         break
-            if _better(current, best):
-                best = current
         # The best few layouts, planned again exactly (each optimizer state in the layout a
-        # run gives it), decide; the time limit does not cut this short.
+        # run gives it), decide: up to `rerank` of them, as many as the time left allows, and
+        # at least one.
         ranked = sorted((l for k, l in search.cache.items() if l is not None and not k[3]),
                         key=_rank)
-        exact = [search.evaluate_specs(l.mesh_shape, l.axis_names,
-                                       list(l.param_specs.values()) + list(l.input_specs),
-                                       exact=True) for l in ranked[:rerank]]
+        exact, cost = [], 0.0
+        for l in ranked[:rerank]:
+            if exact and time.perf_counter() + cost > deadline:
+                timed_out = True
+                break
+            t1 = time.perf_counter()
+            exact.append(search.evaluate_specs(
+                l.mesh_shape, l.axis_names, list(l.param_specs.values()) + list(l.input_specs),
+                exact=True))
+            cost = max(cost, time.perf_counter() - t1)
+        replanned = len(exact)
         exact = sorted((l for l in exact if l is not None), key=_rank)
         if not exact:
             raise RuntimeError("auto_shard: none of the best layouts could be planned exactly")
         best = exact[0]
-        runners = exact[1:] + ranked[rerank:]
+        runners = exact[1:] + ranked[replanned:]
     return AutoShardResult(best, runners, len(search.cache),
                            time.perf_counter() - t0, timed_out, search.classes)
 
