@@ -77,8 +77,9 @@ class Layout:
 
 @dataclass
 class AutoShardResult:
-    """What ``auto_shard`` found: ``best`` and the next best layouts (``runners_up``, best
-    first, one per distinct layout), with how many layouts were planned and how long it took."""
+    """What ``auto_shard`` found: ``best`` and the next best layouts (``runners_up``: the
+    other exactly re-planned ones, best first, then the rest of what the search planned, best
+    first by the search's figures), with how many layouts were planned and how long it took."""
     best: Layout
     runners_up: List[Layout]
     evaluations: int
@@ -320,8 +321,11 @@ class _Search:
                     self._sharding_args[on] = mesh._sharding_args(normalize(spec))
                 _C._mark_sharding(t, *self._sharding_args[on])
         try:
+            before = [_C._get_sharding_spec(v) for v, _ in self.states] if not exact else []
             self._run()
-            if exact:
+            # A state the step hands back in another layout than it was given (its gradient
+            # is tiled otherwise) was not in the steady state: planned once more from there.
+            if exact or before != [_C._get_sharding_spec(v) for v, _ in self.states]:
                 self._run()
         except (RuntimeError, ValueError):
             self.cache[key] = None  # a layout the step cannot run in (counted as not found)
@@ -538,10 +542,15 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         ranked = sorted((l for k, l in search.cache.items() if l is not None and not k[3]),
                         key=_rank)
         exact, cost = [], 0.0
-        for l in ranked[:rerank]:
-            if exact and time.perf_counter() + cost > deadline:
-                timed_out = True
-                break
+        for i, l in enumerate(ranked):
+            fitting = any(e is not None and e.fits for e in exact)
+            if i >= rerank or (exact and time.perf_counter() + cost > deadline):
+                # Beyond them only while none fits and the search found one that does
+                # (planned exactly, a layout can peak higher): never over the budget when
+                # a layout within it was found, even past the time limit.
+                if fitting or not l.fits:
+                    timed_out = timed_out or i < rerank
+                    break
             t1 = time.perf_counter()
             exact.append(search.evaluate_specs(
                 l.mesh_shape, l.axis_names, list(l.param_specs.values()) + list(l.input_specs),
