@@ -191,6 +191,8 @@ def test_str_lists_blocks_as_one_loop():
     (dict(num_devices=8, time_limit=0), "time_limit must be a positive number of seconds, got 0"),
     (dict(num_devices=8, memory_budget=-1), "memory_budget must be a positive number of bytes, got -1"),
     (dict(num_devices=8, mesh_shapes=[(3, 2)]), "mesh shape (3, 2) is not a (data, model) shape of 8"),
+    (dict(num_devices=8, axis_names=("x", "x")), "axis_names must be two distinct names (data, model), got ('x', 'x')"),
+    (dict(num_devices=8, rerank=0), "rerank must be a positive int, got 0"),
 ])
 def test_bad_arguments_raise_value_errors_naming_them(kwargs, message):
     with pytest.raises(ValueError) as e:

@@ -451,6 +451,9 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
             raise ValueError(f"auto_shard: mesh shape {tuple(s)!r} is not a (data, model) "
                              f"shape of {num_devices} devices")
     names = tuple(axis_names)
+    if len(names) != 2 or len(set(names)) != 2 or not all(isinstance(a, str) for a in names):
+        raise ValueError(f"auto_shard: axis_names must be two distinct names (data, model), "
+                         f"got {axis_names!r}")
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     with Plan(num_devices=num_devices, hardware=hw) as plan:
