@@ -101,7 +101,7 @@ class AutoShardResult:
                  f"{b.axis_names})"]
         by_pattern: Dict[Tuple[str, Spec], List[str]] = {}
         for name, spec in b.param_specs.items():
-            if all(a is None for a in spec):
+            if not _has_axes(spec):
                 continue
             pattern = _BLOCK_INDEX.sub(".{i}.", name)
             by_pattern.setdefault((pattern, spec), []).append(name)
@@ -116,34 +116,54 @@ class AutoShardResult:
                 lines += [f"xs.mark_sharding({model}.get_parameter({n!r}), {mesh}, {spec!r})"
                           for n in names]
         for i, spec in enumerate(b.input_specs):
-            if any(a is not None for a in spec):
+            if _has_axes(spec):
                 lines.append(f"xs.mark_sharding(inputs[{i}], {mesh}, {spec!r})")
         return "\n".join(lines)
 
     def apply(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor] = ()):
         """Marks the chosen specs on ``model``'s parameters and on ``inputs`` (spmd tensors of
         the shapes planned); returns the mesh they are marked on."""
-        from ..distributed.spmd import mesh as mesh_mod
         from ..distributed.spmd.xla_sharding import mark_sharding
         b = self.best
-        mesh = mesh_mod.Mesh(np.arange(math.prod(b.mesh_shape)), b.mesh_shape, b.axis_names)
+        mesh = _make_mesh(b.mesh_shape, b.axis_names)
         params = dict(model.named_parameters())
         missing = sorted(set(b.param_specs) - set(params))
         if missing:
             raise ValueError(f"apply: the model has no parameter {missing[0]!r} (the layout was "
                              f"found for a model with {len(b.param_specs)} parameters)")
         for name, spec in b.param_specs.items():
-            if any(a is not None for a in spec):
+            if _has_axes(spec):
                 mark_sharding(params[name], mesh, spec)
         if len(inputs) not in (0, len(b.input_specs)):
             raise ValueError(f"apply: expected {len(b.input_specs)} inputs, got {len(inputs)}")
         for t, spec in zip(inputs, b.input_specs):
-            if any(a is not None for a in spec):
+            if _has_axes(spec):
                 mark_sharding(t, mesh, spec)
         return mesh
 
 
 _BLOCK_INDEX = re.compile(r"\.\d+\.")
+
+
+def _has_axes(spec: Spec) -> bool:
+    """Whether a spec shards anything (one without axes is left unannotated, as by apply)."""
+    return any(a is not None for a in spec)
+
+
+def _make_mesh(shape, names):
+    from ..distributed.spmd import mesh as mesh_mod
+    return mesh_mod.Mesh(np.arange(math.prod(shape)), tuple(shape), tuple(names))
+
+
+def _hardware_and_budget(hardware, memory_budget):
+    """The resolved preset and the bytes per device a layout may peak at."""
+    from . import resolve
+    hw = resolve(hardware)
+    budget = float(hw["hbm_bytes"]) if memory_budget is None else float(memory_budget)
+    if not budget > 0:
+        raise ValueError(f"auto_shard: memory_budget must be a positive number of bytes, "
+                         f"got {memory_budget!r}")
+    return hw, budget
 
 
 def _mesh_shapes(n: int) -> List[Tuple[int, int]]:
@@ -188,9 +208,8 @@ class _Search:
         return list(groups.values())
 
     def _mesh(self, shape, names):
-        from ..distributed.spmd import mesh as mesh_mod
         if (shape, names) not in self._meshes:
-            self._meshes[shape, names] = mesh_mod.Mesh(np.arange(math.prod(shape)), shape, names)
+            self._meshes[shape, names] = _make_mesh(shape, names)
         return self._meshes[shape, names]
 
     def _build(self):
@@ -255,11 +274,14 @@ class _Search:
         dims = [[decision[key_of[c]] if c >= 0 else -1 for c in ds] for ds in leaf_dims]
         return classes, dims
 
+    def param_bytes(self) -> List[int]:
+        return [p.numel() * p.element_size() for _, p in self.params]
+
     def sizes(self):
         """Per decision: the sizes of its dims, and the parameter bytes it touches."""
         shapes = {n: p.shape for n, p in self.params}
         shapes.update({f"inputs[{i}]": t.shape for i, t in enumerate(self.inputs)})
-        nbytes = {n: p.numel() * p.element_size() for n, p in self.params}
+        nbytes = dict(zip((n for n, _ in self.params), self.param_bytes()))
         return ([[shapes[n][d] for n, d in m] for m in self.classes],
                 [sum(nbytes.get(n, 0) for n, _ in m) for m in self.classes])
 
@@ -315,7 +337,7 @@ class _Search:
             pairs += [(v, specs[i] if i >= 0 else (None,) * v.dim()) for v, i in self.states]
         for t, spec in pairs:  # (xs.mark_sharding's checks and wrapper, once per spec)
             _C._clear_sharding(t)
-            if any(a is not None for a in spec):
+            if _has_axes(spec):
                 on = (mesh.mesh_shape, mesh.axis_names, spec)
                 if on not in self._sharding_args:
                     self._sharding_args[on] = mesh._sharding_args(normalize(spec))
@@ -392,6 +414,53 @@ def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
     return unique
 
 
+def _descend(search, shape, names, layout, choice, order, options, out_of_time) -> bool:
+    """Coordinate descent from `choice` (planned as `layout`): one decision at a time takes
+    each of its other `options`, and a change that ranks better is kept, until a sweep
+    changes nothing. Returns whether it stopped because `out_of_time()`."""
+    choice = list(choice)
+    improved = True
+    while improved:
+        improved = False
+        for c in order:
+            for axes in options(c):
+                if axes == choice[c]:
+                    continue
+                if out_of_time():
+                    return True
+                trial = choice[:c] + [axes] + choice[c + 1:]
+                planned = search.evaluate(shape, names, trial)
+                if _better(planned, layout):
+                    layout, choice, improved = planned, trial, True
+    return False
+
+
+def _rerank(search, rerank, deadline):
+    """The best few layouts the search planned, planned again exactly (each optimizer state
+    in the layout a run gives it), decide: up to `rerank` of them, as many as the time left
+    allows, and at least one; beyond them only while none fits and the search found one that
+    does (planned exactly, a layout can peak higher), even past the deadline. Returns the
+    best, the runners-up (the exact ones, then the search's) and whether time cut it short."""
+    ranked = sorted((l for k, l in search.cache.items() if l is not None and not k[3]), key=_rank)
+    exact, cost, cut = [], 0.0, False
+    for i, l in enumerate(ranked):
+        fitting = any(e is not None and e.fits for e in exact)
+        if i >= rerank or (exact and time.perf_counter() + cost > deadline):
+            if fitting or not l.fits:
+                cut = i < rerank
+                break
+        t1 = time.perf_counter()
+        exact.append(search.evaluate_specs(
+            l.mesh_shape, l.axis_names, list(l.param_specs.values()) + list(l.input_specs),
+            exact=True))
+        cost = max(cost, time.perf_counter() - t1)
+    replanned = len(exact)
+    exact = sorted((l for l in exact if l is not None), key=_rank)
+    if not exact:
+        raise RuntimeError("auto_shard: none of the best layouts could be planned exactly")
+    return exact[0], exact[1:] + ranked[replanned:], cut
+
+
 def _better(a: Optional[Layout], b: Optional[Layout]) -> bool:
     """Whether a beats b: fitting first, then the predicted step (while nothing fits, the
     peak)."""
@@ -436,15 +505,12 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
     """
     if isinstance(rerank, bool) or not isinstance(rerank, int) or rerank < 1:
         raise ValueError(f"auto_shard: rerank must be a positive int, got {rerank!r}")
-    from . import Plan, resolve
+    from . import Plan
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise ValueError(f"auto_shard: num_devices must be a positive int, got {num_devices!r}")
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ValueError(f"auto_shard: time_limit must be a positive number of seconds, got {time_limit!r}")
-    hw = resolve(hardware)
-    budget = float(hw["hbm_bytes"]) if memory_budget is None else float(memory_budget)
-    if not budget > 0:
-        raise ValueError(f"auto_shard: memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    hw, budget = _hardware_and_budget(hardware, memory_budget)
     shapes = list(mesh_shapes) if mesh_shapes is not None else _mesh_shapes(num_devices)
     for s in shapes:
         if len(s) != 2 or math.prod(s) != num_devices:
@@ -462,7 +528,7 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         nc, ng = len(search.classes), len(search.groups)
         first_input = search.dims[len(search.params)] if search.inputs else []
         batch = first_input[0] if first_input else -1
-        nbytes = [p.numel() * p.element_size() for _, p in search.params]
+        nbytes = search.param_bytes()
         group_bytes = [sum(nbytes[i] for i in g) for g in search.groups]
         # Classes by the parameter bytes they shard, the batch last: from a seed that leaves
         # the model axis to the parameters, the classes that can use it (Megatron's pairs)
@@ -522,49 +588,10 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         for lay, shape, choice in starts:  # descend from every seed, the best first
             if timed_out:
                 break
-            current, choice = lay, list(choice)
-            improved = True
-            while improved and not timed_out:
-                improved = False
-                for c in order:  # one decision at a time
-                    for axes in options(shape, c):
-                        if axes == choice[c]:
-                            continue
-                        if out_of_time():
-                            timed_out = True
-                            break
-                        trial = choice[:c] + [axes] + choice[c + 1:]
-                        lay2 = search.evaluate(shape, names, trial)
-                        if _better(lay2, current):
-                            current, choice, improved = lay2, trial, True
-                    if timed_out:
-                        break
-        # The best few layouts, planned again exactly (each optimizer state in the layout a
-        # run gives it), decide: up to `rerank` of them, as many as the time left allows, and
-        # at least one.
-        ranked = sorted((l for k, l in search.cache.items() if l is not None and not k[3]),
-                        key=_rank)
-        exact, cost = [], 0.0
-        for i, l in enumerate(ranked):
-            fitting = any(e is not None and e.fits for e in exact)
-            if i >= rerank or (exact and time.perf_counter() + cost > deadline):
-                # Beyond them only while none fits and the search found one that does
-                # (planned exactly, a layout can peak higher): never over the budget when
-                # a layout within it was found, even past the time limit.
-                if fitting or not l.fits:
-                    timed_out = timed_out or i < rerank
-                    break
-            t1 = time.perf_counter()
-            exact.append(search.evaluate_specs(
-                l.mesh_shape, l.axis_names, list(l.param_specs.values()) + list(l.input_specs),
-                exact=True))
-            cost = max(cost, time.perf_counter() - t1)
-        replanned = len(exact)
-        exact = sorted((l for l in exact if l is not None), key=_rank)
-        if not exact:
-            raise RuntimeError("auto_shard: none of the best layouts could be planned exactly")
-        best = exact[0]
-        runners = exact[1:] + ranked[replanned:]
+            timed_out = _descend(search, shape, names, lay, choice, order,
+                                 lambda i: options(shape, i), out_of_time)
+        best, runners, cut = _rerank(search, rerank, deadline)
+        timed_out = timed_out or cut
     return AutoShardResult(best, runners, len(search.cache),
                            time.perf_counter() - t0, timed_out, search.classes)
 
@@ -576,9 +603,8 @@ def plan_layouts(build: Callable, step: Callable, num_devices: int, layouts: Dic
     param_spec, input_specs)``: ``param_spec(name, parameter)`` gives a parameter's partition
     spec, ``input_specs`` one spec per input. ``build`` and ``step`` are as for
     ``auto_shard``. A layout the step cannot be planned in maps to None."""
-    from . import Plan, resolve
-    hw = resolve(hardware)
-    budget = float(hw["hbm_bytes"]) if memory_budget is None else float(memory_budget)
+    from . import Plan
+    hw, budget = _hardware_and_budget(hardware, memory_budget)
     out = {}
     with Plan(num_devices=num_devices, hardware=hw) as plan:
         search = _Search(build, step, plan, budget, tie_blocks=False, find_classes=False)
