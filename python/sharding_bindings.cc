@@ -86,6 +86,19 @@ void BindSharding(py::module_& m) {
     for (const at::Tensor& t : ts) out.push_back(aten::GetShardingSpec(t));
     return out;
   });
+  // One number per tensor for its layout (0: none), equal exactly when the layouts are: a
+  // cheap way to see whether a step handed its state back as it got it (the auto-sharding
+  // search compares thousands of optimizer states per planned step; their spec strings name
+  // every device).
+  m.def("_sharding_fingerprints", [](const std::vector<at::Tensor>& ts) {
+    std::vector<uint64_t> out;
+    out.reserve(ts.size());
+    for (const at::Tensor& t : ts) {
+      Sharding s = aten::GetSharding(t);
+      out.push_back(s.valid() ? s.WithoutPartial().hash() : 0);
+    }
+    return out;
+  });
   m.def("_local_shards", [](const at::Tensor& t) {
     py::list out;
     for (const aten::LocalShard& s : aten::GetLocalShards(t))

@@ -112,7 +112,8 @@ class Partitioner {
       }
     }
     program.nodes = std::move(builder_.nodes());
-    for (const ir::NodePtr& n : program.nodes) program.traits.push_back(TraitsOf(*n));
+    if (options_.executor_traits)
+      for (const ir::NodePtr& n : program.nodes) program.traits.push_back(TraitsOf(*n));
     program.stats.collectives = std::move(builder_.collectives());
     LinkCommunication(program.nodes, program.stats.collectives, costs_);
     program.stats.replicated_fallback_ops = std::move(fallbacks_);

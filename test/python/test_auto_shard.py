@@ -2,6 +2,7 @@
 worse than the hand-written ones, the memory budget, and the chosen layout executed: equal to
 CPU eager, with exactly the planned collectives and peak."""
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -295,3 +296,61 @@ def test_rediscovers_fsdp_when_parameters_do_not_fit_replicated():
     # both weights are stored sharded over all 8 devices
     for name in ("0.weight", "2.weight"):
         assert any(a is not None for a in r.best.param_specs[name]), r.best.param_specs
+
+
+def test_sharding_fingerprints_are_equal_exactly_when_layouts_are():
+    from torch_spmd import _C
+    mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+    a, b, c, d = (torch.zeros(8, 8, device="spmd") for _ in range(4))
+    xs.mark_sharding(a, mesh, ("data", None))
+    xs.mark_sharding(b, mesh, ("data", None))
+    xs.mark_sharding(c, mesh, (None, "data"))
+    fa, fb, fc, fd = _C._sharding_fingerprints([a, b, c, d])
+    assert fa == fb and fa != fc and fd == 0 and fa != 0
+
+
+def test_a_single_mesh_shape_with_a_model_axis_is_seeded_with_tensor_parallelism():
+    # (the only shape is also the flattest: it gets data parallelism, FSDP and TP seeds)
+    from torch_spmd.plan.auto_shard import _seeds
+    sweeps = _seeds([(2, 4)], ("data", "model"), nc=3, ng=0, batch=0, model_classes=[2],
+                    options=lambda shape, i: [(), ("data",), ("model",), ("data", "model")],
+                    valid=lambda choice: True)
+    choices = [c for sweep in sweeps for _, c in sweep]
+    assert [("data", "model"), (), ()] in choices               # data parallel
+    assert [("data",), (), ("model",)] in choices               # batch / model classes
+
+
+class _FakeSearch:
+    """Layouts by mesh shape with given steps (all fitting): what _plan_sweep and _rerank see."""
+    def __init__(self, steps):
+        from torch_spmd.plan.auto_shard import Layout
+        self.layouts = {s: Layout(s, ("data", "model"), {}, [], t, 1, True) for s, t in steps.items()}
+        self.cache = {(s, ("data", "model"), (), False): l for s, l in self.layouts.items()}
+        self.planned, self.exact = [], []
+
+    def evaluate(self, shape, names, choice):
+        self.planned.append(shape)
+        return self.layouts[shape]
+
+    def evaluate_specs(self, shape, names, specs, exact=False):
+        self.exact.append(shape)
+        return dataclasses.replace(self.layouts[shape], exact=True)
+
+
+def test_a_sweep_stops_after_two_fitting_layouts_slower_than_its_best():
+    from torch_spmd.plan.auto_shard import _plan_sweep
+    shapes = [(16, 1), (8, 2), (4, 4), (2, 8), (1, 16)]
+    search = _FakeSearch(dict(zip(shapes, [3.0, 2.0, 2.5, 2.6, 1.0])))
+    found, timed_out = _plan_sweep(search, ("data", "model"), [(s, []) for s in shapes],
+                                   lambda: False, None)
+    assert search.planned == shapes[:4] and not timed_out
+    assert [l.predicted_step_seconds for l, _, _ in found] == [3.0, 2.0, 2.5, 2.6]
+
+
+def test_rerank_replans_only_layouts_within_ten_percent_of_the_best():
+    import time
+    from torch_spmd.plan.auto_shard import _rerank
+    search = _FakeSearch({(8, 1): 1.0, (4, 2): 1.08, (2, 4): 1.2, (1, 8): 1.5})
+    best, runners, cut = _rerank(search, 5, time.perf_counter() + 60)
+    assert search.exact == [(8, 1), (4, 2)] and best.exact and not cut
+    assert [l.mesh_shape for l in runners] == [(4, 2), (2, 4), (1, 8)]
