@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "aten/auto_sharding.h"
 #include "aten/sync.h"
 #include "partition/cost.h"
 #include "partition/cost_model.h"
@@ -68,6 +69,15 @@ void BindPlan(py::module_& m) {
   // For the auto-sharding search (torch_spmd/plan/auto_shard.py): which dims of the step's
   // inputs the rules tie together.
   m.def("_data_id", &aten::DataId);
+  // xr.use_spmd(auto=True): the unannotated parameters of every step get layouts the cost
+  // model chooses on `hardware` (aten/auto_sharding.h).
+  m.def("_set_auto_sharding", [](bool on, const py::dict& hardware) {
+    aten::SetAutoSharding(on, on ? HardwareFromDict(hardware) : partition::Hardware{});
+  });
+  m.def("_auto_sharding", &aten::AutoSharding);
+  m.def("_get_graph_hash", [](const std::vector<at::Tensor>& tensors) {
+    return static_cast<uint64_t>(aten::PendingGraphHash(tensors));
+  });
   m.def("_pending_dim_classes", &aten::PendingDimClasses);
   // Per-device bytes over the last step's program (one entry per program node), and the values
   // live at its peak: (bytes, op, scope, defined at, last use), largest first.

@@ -25,20 +25,22 @@ from . import _world as world_state
 _XLA_USE_SPMD = "XLA_USE_SPMD"
 
 
-def use_spmd(auto: Optional[bool] = False) -> None:
+def use_spmd(auto: Optional[bool] = False, hardware: Union[str, dict] = "tpu-v4") -> None:
     """Enables SPMD mode (records the flag; spmd tensors are always SPMD-partitioned here).
 
-    ``auto=True`` (XLA's experimental auto-sharding of every step, as it compiles) is not
-    implemented and raises NotImplementedError instead of silently running without any
-    sharding. Auto-sharding here is a planning call: ``torch_spmd.plan.auto_shard`` chooses the
-    partition specs of a training step in plan mode and applies them.
+    ``auto=True`` is PyTorch/XLA's auto-sharding: from then on, the parameters of every step
+    that the script left unannotated get layouts chosen by plan mode's cost model for
+    ``hardware`` (a ``torch_spmd.plan`` preset name or dict; an addition of ours), once per
+    graph (counter ``CompileWithAutoSharding``). The mesh is ``XLA_AUTO_SPMD_MESH``'s shape
+    (``"4,2"``) over every device, or one axis over all of them. The layouts are the graph's
+    dim classes' (each class over some mesh axes or none) that the cost model ranks best
+    within the device memory; tensors the script marked keep their layouts. For a whole
+    training step searched over mesh shapes, FSDP storage included, in plan mode, see
+    ``torch_spmd.plan.auto_shard``.
     """
     if auto:
-        raise NotImplementedError(
-            "use_spmd(auto=True): auto-sharding is not implemented in torch_spmd at compile "
-            "time; choose the specs with torch_spmd.plan.auto_shard (plan mode, "
-            "docs/plan_mode.md) and apply them, or annotate tensors with "
-            "torch_spmd.distributed.spmd.mark_sharding")
+        from .plan import resolve
+        _C._set_auto_sharding(True, resolve(hardware))
     os.environ[_XLA_USE_SPMD] = "1"
 
 

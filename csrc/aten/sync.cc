@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "aten/auto_sharding.h"
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "partition/cost.h"
@@ -29,10 +30,30 @@ partition::PartitionOptions& Options() {
   return *options;
 }
 
+// The options a step's graph is partitioned with, and their part of its compile key: the
+// session's, and under auto-sharding the layouts chosen for its unannotated parameters.
+struct StepOptions {
+  partition::PartitionOptions options = Options();
+  std::optional<AutoLayouts> auto_layouts;
+  Hash key = 0;
+
+  explicit StepOptions(const ir::Graph& graph) {
+    auto_layouts = AutoLayoutsFor(graph, runtime::DeviceSet::Get().num_devices(),
+                                  runtime::Planning(), options.defer_output_reductions);
+    key = options.Key();
+    if (auto_layouts) {
+      options.param_layouts = &auto_layouts->layouts;
+      key = HashCombine(key, auto_layouts->key);
+    }
+  }
+  StepOptions(const StepOptions&) = delete;  // (options points into auto_layouts)
+};
+
 std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   auto& cache = runtime::CompileCache::Get();
+  const StepOptions step(graph);
   // (The device count too: an unannotated graph is the same graph on any device set.)
-  const Hash key = HashCombine(HashCombine(graph.key, Options().Key()),
+  const Hash key = HashCombine(HashCombine(graph.key, step.key),
                                HashInt(runtime::DeviceSet::Get().num_devices()));
   if (auto exe = cache.Lookup(key)) {
     Count("CachedCompile");
@@ -41,7 +62,7 @@ std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   Count("UncachedCompile");
   ScopedTimer timer("CompileTime");
   auto exe = std::make_shared<runtime::Executable>(
-      partition::PartitionGraph(graph, runtime::DeviceSet::Get().num_devices(), Options()));
+      partition::PartitionGraph(graph, runtime::DeviceSet::Get().num_devices(), step.options));
   cache.Insert(key, exe);
   return exe;
 }
@@ -325,7 +346,8 @@ constexpr size_t kPlanCacheEntries = 16;
 void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
               const std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
   static auto* cache = new std::unordered_map<Hash, std::shared_ptr<const partition::Program>>();
-  const Hash key = HashCombine(graph.key, Options().Key());
+  const StepOptions step(graph);
+  const Hash key = HashCombine(graph.key, step.key);
   auto it = cache->find(key);
   if (it == cache->end()) {
     Count("UncachedCompile");
@@ -333,7 +355,7 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
     // A search over layouts (auto_shard) plans hundreds of programs once each, tens of MB
     // apiece for a 70B step; a training loop replans the same few. Keep a few, not all.
     if (cache->size() >= kPlanCacheEntries) cache->clear();
-    partition::PartitionOptions options = Options();
+    partition::PartitionOptions options = step.options;
     options.executor_traits = false;  // (never run)
     it = cache->emplace(key, std::make_shared<const partition::Program>(partition::PartitionGraph(
                                  graph, runtime::DeviceSet::Get().num_devices(), options)))
@@ -499,6 +521,12 @@ std::vector<ir::Value> PendingValues(const std::vector<at::Tensor>& tensors) {
   return values;
 }
 }  // namespace
+
+Hash PendingGraphHash(const std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return HashCombine(ir::BuildGraph(PendingValues(tensors)).key,
+                     AutoShardingKey());
+}
 
 std::string PendingGraphText(const std::vector<at::Tensor>& tensors) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());

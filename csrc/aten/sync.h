@@ -22,6 +22,9 @@ runtime::DeviceDataPtr Materialize(const SlotPtr& slot);
 // The host (CPU) value of an spmd tensor.
 at::Tensor ToHost(const at::Tensor& t);
 
+// The key of the graph computing `tensors` (with auto-sharding's part, AutoShardingKey):
+// PyTorch/XLA's _XLAC._get_graph_hash.
+Hash PendingGraphHash(const std::vector<at::Tensor>& tensors);
 // The graph (global IR) and the partitioned program of the given tensors' pending values, as
 // text, without executing anything.
 std::string PendingGraphText(const std::vector<at::Tensor>& tensors);

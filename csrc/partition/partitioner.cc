@@ -22,14 +22,14 @@ namespace {
 // (plain uploads carry a default one), so it only decides when nothing is tiled; otherwise a
 // replicated parameter listed first would make every sharded one look foreign and be gathered
 // on the host.
-MeshPtr FindMesh(const ir::Graph& graph) {
+MeshPtr FindMesh(const ir::Graph& graph, const ParamLayouts* overrides) {
   const auto& ops = ir::InternalOps::Get();
   MeshPtr tiled_param, fallback;
   for (const ir::NodePtr& n : graph.nodes) {
     const Sharding* s = nullptr;
     const bool constraint = n->op() == ops.sharding_constraint || n->op() == ops.full_to_shard ||
                             n->op() == ops.shard_to_full;
-    if (n->is_data() && n->data()->sharding().valid()) s = &n->data()->sharding();
+    if (n->is_data() && LayoutOfData(*n, overrides).valid()) s = &LayoutOfData(*n, overrides);
     if (constraint) s = &n->shardings().at(0);
     if (!s || s->is_manual()) continue;  // a manual annotation says nothing about the mesh
     if (!s->IsReplicated()) {
@@ -44,7 +44,7 @@ MeshPtr FindMesh(const ir::Graph& graph) {
 class Partitioner {
  public:
   Partitioner(const ir::Graph& graph, MeshPtr mesh, const PartitionOptions& options)
-      : graph_(graph), mesh_(mesh), options_(options), prop_(graph, mesh), builder_(mesh),
+      : graph_(graph), mesh_(mesh), options_(options), prop_(graph, mesh, options.param_layouts), builder_(mesh),
         recomputed_(ir::RecomputedNodes(graph)) {
     int32_t slot = 0;
     for (const ir::NodePtr& n : graph.nodes)
@@ -163,7 +163,7 @@ class Partitioner {
   // another mesh is re-laid out on the host before the run).
   LocalValue Parameter(const ir::Node& n, Program& program) {
     const TensorType& global = n.output(0);
-    const Sharding& have = n.data()->sharding();
+    const Sharding& have = LayoutOfData(n, options_.param_layouts);
     Sharding layout = have.valid() && have.mesh() == *mesh_ ? have
                                                             : Sharding::Replicated(mesh_, global.rank());
     TensorType local{global.dtype, LocalShape(global.shape, layout)};
@@ -504,7 +504,7 @@ class Partitioner {
 
 Program PartitionGraph(const ir::Graph& graph, int64_t num_devices,
                        const PartitionOptions& options) {
-  MeshPtr mesh = FindMesh(graph);
+  MeshPtr mesh = FindMesh(graph, options.param_layouts);
   if (!mesh) {
     std::vector<int64_t> ids(num_devices);
     for (int64_t i = 0; i < num_devices; ++i) ids[i] = i;

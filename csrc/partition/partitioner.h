@@ -3,6 +3,7 @@
 #include "core/hash.h"
 #include "ir/graph.h"
 #include "partition/program.h"
+#include "partition/propagate.h"
 
 namespace spmd::partition {
 
@@ -17,6 +18,10 @@ struct PartitionOptions {
   // will run needs them; plan mode analyses the program without running it and skips them
   // (about a tenth of partitioning a 70B step). Not part of Key: the program is the same.
   bool executor_traits = true;
+  // Layouts to take some parameters' data to have (propagate.h): a search trying layouts,
+  // auto-sharding. Not owned; nullptr: every parameter as its data is laid out. Not part of
+  // Key (keyed by data, they differ every step): a caller that caches adds a key of its own.
+  const ParamLayouts* param_layouts = nullptr;
 
   Hash Key() const { return HashInt(defer_output_reductions ? 1 : 0); }
 };

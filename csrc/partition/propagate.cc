@@ -32,7 +32,15 @@ bool IsRefinement(const Sharding& current, const Sharding& next) {
   return true;
 }
 
-Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh)
+const Sharding& LayoutOfData(const ir::Node& data_node, const ParamLayouts* overrides) {
+  if (overrides) {
+    auto it = overrides->find(data_node.data().get());
+    if (it != overrides->end()) return it->second;
+  }
+  return data_node.data()->sharding();
+}
+
+Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh, const ParamLayouts* overrides)
     : graph_(graph), mesh_(std::move(mesh)) {
   const auto& ops = ir::InternalOps::Get();
   int total = 0;
@@ -47,7 +55,7 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh)
     const ir::Node& n = *graph.nodes[p];
     int v = first_value_[p];
     if (n.is_data()) {
-      const Sharding& s = n.data()->sharding();
+      const Sharding& s = LayoutOfData(n, overrides);
       shardings_[v] = s.valid() && s.mesh() == *mesh_ ? s : Sharding::Replicated(mesh_, n.output(0).rank());
       frozen_[v] = true;
     } else if (n.op() == ops.shard_to_full) {

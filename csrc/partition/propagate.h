@@ -5,6 +5,7 @@
 // tensor (see AssignFactors).
 #pragma once
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "ir/graph.h"
@@ -12,9 +13,17 @@
 
 namespace spmd::partition {
 
+// Per parameter, keyed by its data (ir::Node::data().get()): a layout to take its data to
+// have instead of the data's own. How a search tries layouts without moving any data.
+using ParamLayouts = std::unordered_map<const void*, Sharding>;
+
+// The layout a data node's data has for partitioning: its entry in `overrides` (when given
+// and present), else the data's own (invalid: not laid out, replicated).
+const Sharding& LayoutOfData(const ir::Node& data_node, const ParamLayouts* overrides);
+
 class Propagation {
  public:
-  Propagation(const ir::Graph& graph, MeshPtr mesh);
+  Propagation(const ir::Graph& graph, MeshPtr mesh, const ParamLayouts* overrides = nullptr);
 
   // The propagated sharding of a value (replicated when nothing reached it). Partial axes of
   // device data are kept: they describe the data as it is.

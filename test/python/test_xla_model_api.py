@@ -41,9 +41,15 @@ def test_spmd_mode_counts():
         [f"SPMD:{i}" for i in range(N)]
 
 
-def test_use_spmd_auto_is_not_implemented():
-    with pytest.raises(NotImplementedError, match="auto-sharding is not implemented"):
+def test_use_spmd_auto_turns_auto_sharding_on():
+    # (what it does to a step: test_auto_sharding_mode.py)
+    from torch_spmd.xla import _XLAC
+    assert not _XLAC._xla_get_auto_sharding()
+    try:
         xr.use_spmd(auto=True)
+        assert _XLAC._xla_get_auto_sharding()
+    finally:
+        _C._set_auto_sharding(False, {})
 
 
 def test_configure_devices():

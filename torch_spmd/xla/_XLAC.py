@@ -2,7 +2,7 @@
 module that have an honest meaning on torch_spmd.
 
 Only what torch_spmd can answer truthfully is here. Functions whose result is XLA's own
-artifacts (``_get_xla_tensors_hlo``, ``_get_graph_hash``, ``_get_xla_tensor_debug_info``,
+artifacts (``_get_xla_tensors_hlo``, ``_get_xla_tensor_debug_info``,
 ``OpSharding``, ``_xla_mark_sharding`` with an OpSharding, the ``_xla_spmd_*`` collectives)
 are deliberately missing, so code calling them fails with an
 AttributeError instead of getting a fake answer.
@@ -51,6 +51,23 @@ def _xla_sync_multi(tensors: Sequence[torch.Tensor], devices=(), wait: bool = Tr
     _C._sync_tensors([_plain(t).detach() for t in tensors])
 
 
+def _get_graph_hash(tensors: Sequence[torch.Tensor]) -> int:
+    """The key of the graph computing ``tensors`` (equal keys: the same program), with
+    auto-sharding's part: it changes when ``use_spmd(auto=True)`` or ``XLA_AUTO_SPMD_MESH``
+    does, as PyTorch/XLA's."""
+    return _C._get_graph_hash([_plain(t) for t in tensors])
+
+
+def _xla_get_auto_sharding() -> bool:
+    """Whether ``use_spmd(auto=True)`` is on."""
+    return _C._auto_sharding()
+
+
+def _xla_set_auto_sharding() -> None:
+    """Turns auto-sharding on (``use_spmd(auto=True)`` with the default hardware)."""
+    _xr.use_spmd(auto=True)
+
+
 def _xla_step_marker(device: str = "", devices=(), wait: bool = True,
                      reset_scope: bool = True) -> None:
     """Runs everything pending as one graph (``torch_xla.sync`` without the step closures)."""
@@ -71,11 +88,6 @@ def _xla_get_all_devices() -> List[str]:
 
 def _xla_num_devices() -> int:
     return _xr.global_runtime_device_count()
-
-
-def _xla_get_auto_sharding() -> bool:
-    """Auto-sharding is never on: torch_spmd has no auto-sharding search."""
-    return False
 
 
 def _xla_metrics_report() -> str:
