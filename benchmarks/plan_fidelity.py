@@ -516,7 +516,7 @@ def table(rows: List[dict]) -> str:
 
 NOTES = """\
 Constants fitted on these rows (two for `a100-80gb`: `matmul_efficiency` 0.62 and
-`kernel_overhead` 48 us; one for `tpu-v4`: `matmul_efficiency` 0.77; torch_spmd/plan/hardware.py).
+`kernel_overhead` 48 us; one for `tpu-v4`: `matmul_efficiency` 0.77; torch_spmd/_hardware.py).
 The error is that of the predicted step (the two-stream schedule's critical path, one expected
 figure); the bounds beside it are the full-overlap and no-overlap times. Issue 22's targets:
 mean |error| <= 10% (10.0%: at the bound), median <= 7% (6.6%: met), >= 90% within +-20% (80%:

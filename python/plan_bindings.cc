@@ -17,7 +17,7 @@ namespace py = pybind11;
 
 namespace {
 
-// The numbers of `d` (torch_spmd/plan/hardware.py's fields). A TPU preset names its domain a
+// The numbers of `d` (torch_spmd/_hardware.py's fields). A TPU preset names its domain a
 // slice (devices_per_slice, dcn_bandwidth), a GPU one a host (devices_per_host,
 // cross_host_bandwidth): the same two fields of Hardware.
 partition::Hardware HardwareFromDict(const py::dict& d) {

@@ -18,6 +18,7 @@ import os
 from typing import Iterator, Optional, Union
 
 from . import _C
+from . import _hardware
 from . import _world as world_state
 
 # The env var PyTorch/XLA keeps SPMD mode in: use_spmd() sets it and is_spmd() reads it, as
@@ -39,8 +40,7 @@ def use_spmd(auto: Optional[bool] = False, hardware: Union[str, dict] = "tpu-v4"
     ``torch_spmd.plan.auto_shard``.
     """
     if auto:
-        from .plan import resolve
-        _C._set_auto_sharding(True, resolve(hardware))
+        _C._set_auto_sharding(True, _hardware.resolve(hardware))
     os.environ[_XLA_USE_SPMD] = "1"
 
 

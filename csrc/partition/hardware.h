@@ -1,6 +1,6 @@
 // What the step-time model (partition/cost_model.h) knows about the hardware: per device peak
 // FLOP/s and HBM, how much of them real kernels achieve, and a two-level interconnect (a fast
-// domain, cross-domain links). Presets with their sources: torch_spmd/plan/hardware.py.
+// domain, cross-domain links). Presets with their sources: torch_spmd/_hardware.py.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,0 +1,226 @@
+"""Hardware presets for plan mode's cost model (``partition/hardware.h``,
+``partition/cost_model.h``), with sources.
+
+Every number is per device (a TPU chip or a GPU). Fields:
+
+- ``peak_flops_bf16``: dense bf16 matmul FLOP/s; ``peak_flops_fp32``: what an fp32 matmul gets
+  by default (TPUs: XLA's default precision runs fp32 matmuls as one bf16 pass, so the bf16
+  peak; GPUs: PyTorch's default, TF32 off, the plain fp32 peak);
+- ``matmul_efficiency``: the fraction of that peak large matmuls achieve (kernel efficiency,
+  clocks under a power cap); ``matmul_tile``: each GEMM extent (M, N, K) is padded to a multiple
+  of it, so small and thin matmuls also waste the padding (TPU: the MXU's side, 128, 256 on
+  v6e; GPU: 128, the M x N block of cuBLAS/CUTLASS bf16 tensor-core kernels for large GEMMs,
+  K is consumed in chunks of 32-64 so padding it to 128 overstates the loss for K < 128);
+  0 turns the shape term off; ``matrix_units``: a GPU's SMs, over which a GEMM's M x N output
+  tiles run in waves: a GEMM with fewer tiles than SMs, or a part-full last wave, leaves SMs
+  idle (wave quantization; the kernel may halve its tile side where that fills them better, as
+  cuBLAS does for small problems); 0 (TPUs, the default) leaves it out;
+- ``hbm_bytes``, ``hbm_bandwidth`` (bytes/s), ``hbm_efficiency`` (the fraction of it kernels
+  achieve);
+- the interconnect, two levels. A *domain* is what one fast interconnect joins: a GPU host
+  (``devices_per_host``, NVLink) or a TPU slice (``devices_per_slice``, ICI); device ids are
+  laid out domain by domain; 0: every device in one domain. ``ring_bandwidth``: bytes/s a
+  device sends along a ring inside a domain (a TPU torus dimension's two links; a GPU's
+  per-direction NVLink bandwidth). Across domains each device has its own share of the
+  network: ``cross_host_bandwidth`` (a GPU's InfiniBand/RoCE NIC) or ``dcn_bandwidth`` (a TPU
+  chip's share of its host's data-center network NICs). ``torus_dims``: 2 or 3 for a TPU
+  slice's ICI torus (collectives run a ring per torus dimension: fewer latency steps), 0 for a
+  switch (NVLink);
+- ``link_latency``: seconds per algorithm step (order of magnitude, from vendor and benchmark
+  reports: ICI and NVLink a few microseconds);
+- ``all_gather_prefetch``: how many all-gathers may be issued ahead of the compute that reads
+  them (FSDP's ``limit_all_gathers`` keeps 2 in flight); 0: no limit. A scheduling setting, not
+  hardware; every preset leaves it at 0.
+
+- ``kernel_overhead``: seconds the host takes to issue one kernel; the device cannot run an op
+  before the host has issued it (eager PyTorch on GPUs; 0 for XLA's compiled TPU programs).
+
+**Fitted constants.** ``benchmarks/plan_fidelity.py`` fits at most two numbers per preset on
+the measured runs of ``../shared/plan_calibration`` (never per model or per row), and they are
+published here:
+- ``a100-80gb`` (and ``a100-40gb``, the same chip): ``matmul_efficiency`` 0.62 and
+  ``kernel_overhead`` 48 us, fitted on vTrain's 720 Megatron-LM runs (1-8 A100s, fp16, full
+  recomputation; grid search over 0.55-0.95 and 25-55 us, on an even third of the rows, then
+  on all of them). 0.62 is the achieved fraction of the peak over Megatron-LM's GEMMs after
+  padding and wave quantization; 48 us is the host's time per kernel of an eager PyTorch
+  training step with Python-level modules and full recomputation (vTrain's small models are
+  host-bound at micro-batch 1: about 44 ms per 12-layer micro-step, whatever the TP degree).
+- ``tpu-v4``: ``matmul_efficiency`` 0.77, fitted on MaxText's 22B/52B FSDP runs (64-512 chips;
+  XLA issues one program per step: no kernel overhead).
+- Every other preset has no measured run in that folder yet: its efficiencies stay 1.0 (the
+  peak) and its kernel overhead 0, so it predicts what the peaks allow; give your own numbers
+  in a dict to correct it.
+
+Sources (public spec sheets, read 2026):
+- TPU v4: cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s, 3-D torus,
+  pods of 4,096 chips, the largest slice), Jouppi et al., ISCA 2023 (ICI 2,400 Gbit/s per chip
+  = 300 GB/s over 6 links, 50 GB/s each; 128x128 MXUs). Google publishes no per-chip DCN
+  figure for v4: we assume v5p's 50 Gbit/s (6.25 GB/s); override it if you know yours.
+- TPU v5e: cloud.google.com/tpu/docs/v5e and /v6e (197 TFLOP/s bf16, 16 GiB at 819 GB/s, 2-D
+  torus, ICI 1,600 Gbit/s per chip = 200 GB/s over 4 links, 256-chip pods = the largest
+  slice, 8 chips and 2 x 100 Gbit/s NICs per host = 25 Gbit/s = 3.125 GB/s DCN per chip,
+  128x128 MXUs).
+- TPU v5p: cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 95 GiB at 2,765 GB/s, 3-D torus,
+  ICI 4,800 Gbit/s per chip = 600 GB/s over 6 links, DCN 50 Gbit/s = 6.25 GB/s per chip, the
+  largest single slice 6,144 chips of an 8,960-chip pod; 128x128 MXUs).
+- TPU v6e (Trillium): cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 32 GB at 1,640 GB/s,
+  ICI 3,584 Gbit/s per chip = 448 GB/s over 4 ports, 112 GB/s each; 2-D torus, 256-chip pods
+  = the largest slice; 8 chips and 4 x 200 Gbit/s NICs per host = 100 Gbit/s = 12.5 GB/s DCN
+  per chip); 256x256 MXUs (jax-ml.github.io/scaling-book/tpus).
+- A100 40GB / 80GB SXM: NVIDIA A100 datasheet (312 TFLOP/s bf16 dense, 19.5 TFLOP/s fp32,
+  40 GB HBM2 at 1,555 GB/s / 80 GB HBM2e at 2,039 GB/s, NVLink 3 600 GB/s bidirectional = 300
+  GB/s per direction, 8 per HGX host, 8x HDR 200 Gbit/s InfiniBand per host = 25 GB/s per GPU);
+  108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper, 2020). H100 SXM5 and H200: 132
+  SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022).
+- H100 80GB SXM: NVIDIA H100 datasheet (989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 80 GB HBM3 at
+  3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction, 8 per HGX host,
+  8x NDR 400 Gbit/s InfiniBand per host = 50 GB/s per GPU).
+- H100 96GB (HBM2e, 500 W; the part of torchtitan's published benchmarks, Meta's Grand Teton
+  hosts): torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (96 GB HBM2e at 2.4
+  TB/s, 8 per host on NVLink, 400 Gbit/s RDMA per GPU = 50 GB/s, 500 W power limit);
+  TechPowerUp's GPU database, "NVIDIA H100 SXM5 96 GB" (62.08 TFLOP/s fp32 against the 80 GB
+  SXM5's 66.91: a lower boost clock), so its dense bf16 peak is 989.4 x 62.08 / 66.91 = 918
+  TFLOP/s. The 500 W cap lowers sustained clocks further: that belongs to matmul_efficiency.
+- H200 SXM: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s, 989 TFLOP/s bf16 dense, 67
+  TFLOP/s fp32, NVLink 4 as H100); HGX H200 reference hosts: 8 GPUs, 8x NDR 400 Gbit/s NICs =
+  50 GB/s per GPU.
+- ``host``: measured on this machine when first asked for (fp32 matmul peak with every core,
+  memory copy bandwidth); the emulated devices share the host, so it has no interconnect of
+  its own: collectives are memory copies.
+"""
+import functools
+import time
+from typing import Dict, Union
+
+GB = 1e9
+GIB = 1 << 30
+
+# Presets without a measured run to fit on (module docstring, "Fitted constants"): the peak.
+PLACEHOLDER_EFFICIENCY = 1.0
+
+
+def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips, dcn_bandwidth,
+         tile=128, matmul_efficiency=PLACEHOLDER_EFFICIENCY):
+    return dict(peak_flops_bf16=peak, peak_flops_fp32=peak,
+                matmul_efficiency=matmul_efficiency, matmul_tile=tile, hbm_bytes=hbm_bytes,
+                hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
+                ring_bandwidth=2 * link_bandwidth, torus_dims=torus_dims,
+                devices_per_slice=slice_chips, dcn_bandwidth=dcn_bandwidth, link_latency=5e-6)
+
+
+def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth, sms,
+         matmul_efficiency=PLACEHOLDER_EFFICIENCY, kernel_overhead=0.0):
+    return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32,
+                matmul_efficiency=matmul_efficiency, kernel_overhead=kernel_overhead,
+                matmul_tile=128, matrix_units=sms, hbm_bytes=hbm_bytes,
+                hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
+                ring_bandwidth=nvlink_bandwidth, devices_per_host=8,
+                cross_host_bandwidth=nic_bandwidth, link_latency=3e-6)
+
+
+A100_FITTED = dict(matmul_efficiency=0.62, kernel_overhead=48e-6)
+
+PRESETS: Dict[str, dict] = {
+    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB,
+                   matmul_efficiency=0.77),
+    "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB),
+    "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB),
+    "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, tile=256),
+    "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, 108,
+                      **A100_FITTED),
+    "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, 108,
+                      **A100_FITTED),
+    "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132),
+    "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132),
+    "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132),
+}
+ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
+           "trillium": "tpu-v6e", "a100": "a100-80gb", "h100": "h100-80gb", "tpu_v4": "tpu-v4",
+           "a100-80GB": "a100-80gb", "a100-40GB": "a100-40gb", "h100-80GB": "h100-80gb",
+           "h100-96GB": "h100-96gb", "h200-141gb": "h200"}
+REQUIRED = ("peak_flops_bf16", "hbm_bytes", "hbm_bandwidth", "ring_bandwidth")
+# Fields that name the same thing for GPU hosts and TPU slices: give one of each pair.
+DOMAIN_FIELDS = (("devices_per_host", "devices_per_slice"),
+                 ("cross_host_bandwidth", "dcn_bandwidth"))
+
+
+@functools.lru_cache(maxsize=1)
+def measure_host() -> dict:
+    """This machine: fp32 matmul peak (best of a few 1024^3 products, every core) and memory
+    copy bandwidth (best of a few 64 MiB copies)."""
+    import torch
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    flops = 2 * 1024 ** 3 / best
+    src = torch.empty(16 << 20)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    bandwidth = 2 * src.numel() * 4 / best  # read and write
+    return dict(peak_flops_bf16=flops, peak_flops_fp32=flops, hbm_bytes=_host_memory(),
+                hbm_bandwidth=bandwidth, ring_bandwidth=bandwidth / 2,
+                cross_host_bandwidth=bandwidth / 2, link_latency=1e-6, devices_per_host=0)
+
+
+def _host_memory() -> int:
+    import os
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve(hardware: Union[str, dict]) -> dict:
+    """A preset by name (``'tpu-v4'``, ``'tpu-v5e'``, ``'tpu-v5p'``, ``'tpu-v6e'``,
+    ``'a100-40gb'``, ``'a100-80gb'``, ``'h100-80gb'``, ``'h100-96gb'``, ``'h200'``, ``'host'``),
+    or the user's own dict with at least ``peak_flops_bf16``, ``hbm_bytes``, ``hbm_bandwidth``
+    and ``ring_bandwidth`` (the other fields default as in the module docstring: efficiencies
+    1.0, no tile padding, one interconnect domain). Returns a new dict with a ``name``."""
+    if isinstance(hardware, str):
+        key = ALIASES.get(hardware, hardware).lower()
+        if key == "host":
+            return _with_defaults(dict(measure_host(), name="host"))
+        if key not in PRESETS:
+            raise ValueError(f"unknown hardware {hardware!r}; expected one of "
+                             f"{sorted(PRESETS) + ['host']} or a dict of its numbers")
+        return _with_defaults(dict(PRESETS[key], name=key))
+    if not isinstance(hardware, dict):
+        raise TypeError(f"hardware must be a preset name or a dict, got {type(hardware).__name__}")
+    missing = [k for k in REQUIRED if k not in hardware]
+    if missing:
+        raise ValueError(f"hardware dict lacks {missing}; it needs {list(REQUIRED)}")
+    hw = _with_defaults(dict(hardware))
+    for k in ("peak_flops_bf16", "peak_flops_fp32", "hbm_bytes", "hbm_bandwidth",
+              "ring_bandwidth", "cross_host_bandwidth", "dcn_bandwidth"):
+        if k in hw and not hw[k] > 0:
+            raise ValueError(f"hardware {k} must be positive, got {hw[k]!r}")
+    for k in ("matmul_efficiency", "hbm_efficiency"):
+        if not 0 < hw[k] <= 1:
+            raise ValueError(f"hardware {k} is a fraction in (0, 1], got {hw[k]!r}")
+    return hw
+
+
+def _with_defaults(hw: dict) -> dict:
+    for host, slice_ in DOMAIN_FIELDS:
+        if host in hw and slice_ in hw:
+            raise ValueError(f"hardware gives both {host} and {slice_}: the same field for a "
+                             f"GPU host and a TPU slice; give one")
+    hw.setdefault("name", "custom")
+    hw.setdefault("peak_flops_fp32", hw["peak_flops_bf16"])
+    hw.setdefault("matmul_efficiency", 1.0)
+    hw.setdefault("matmul_tile", 0)
+    hw.setdefault("matrix_units", 0)
+    hw.setdefault("hbm_efficiency", 1.0)
+    hw.setdefault("kernel_overhead", 0.0)
+    if "devices_per_slice" not in hw:
+        hw.setdefault("devices_per_host", 0)
+    if "dcn_bandwidth" not in hw:
+        hw.setdefault("cross_host_bandwidth", hw["ring_bandwidth"])
+    hw.setdefault("torus_dims", 0)
+    hw.setdefault("link_latency", 0.0)
+    hw.setdefault("all_gather_prefetch", 0)
+    return hw
