@@ -35,6 +35,7 @@ CASES = {
     "llama8b-256-h100": ("llama8b", 256, "h100-80gb", None, 60),
     "llama70b-2048-v5p": ("llama70b", 2048, "tpu-v5p", None, 60),
     "resnet50-8-v4": ("resnet50", 8, "tpu-v4", None, 60),
+    "mixtral-64-v5p": ("mixtral", 64, "tpu-v5p", None, 60),
 }
 
 
@@ -46,6 +47,10 @@ def _model(kind):
     if kind == "gpt2":
         cfg = GPT2Config(batch=64, seq=1024)
         return (lambda: GPT2LMHeadModel(cfg)), cfg.batch, cfg.seq, torch.float32
+    if kind == "mixtral":  # Mixtral 8x7B's shape: 8 experts, top 2, 32 layers
+        cfg = LlamaConfig(layers=32, dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+                          batch=64, seq=2048, experts=8, top_k=2)
+        return (lambda: Llama(cfg).to(torch.bfloat16)), cfg.batch, cfg.seq, torch.bfloat16
     if kind == "llama70b":  # benchmarks/plan.py's 70B: batch 256 x 4096
         cfg = LlamaConfig()
         return (lambda: Llama(cfg).to(torch.bfloat16)), cfg.batch, cfg.seq, torch.bfloat16
@@ -64,6 +69,16 @@ def _hand_spec(layout, name, p):
     every = ("data", "model")
     if layout == "dp":
         return (None,) * p.dim()
+    if p.dim() == 3:  # a mixture's experts, [experts, in, out]: w1/w3 [E, d, ffn], w2 [E, ffn, d]
+        hidden = 1 if name.endswith("w2") else 2
+        spec = [None] * 3
+        spec[3 - hidden] = every if layout == "fsdp" else "data" if layout.startswith("fsdp-") \
+            else None
+        if layout.endswith("ep"):  # expert parallel: the experts over 'model'
+            spec[0] = "model"
+        elif layout != "fsdp":  # Megatron inside every expert
+            spec[hidden] = "model"
+        return tuple(spec)
     if layout == "fsdp":
         return (every,) + (None,) * (p.dim() - 1)
     fsdp = "data" if layout.startswith("fsdp-tp") else None
@@ -137,7 +152,10 @@ def run_case(name):
             layouts[f"spatial {n // m}x{m}"] = (
                 (n // m, m), every, lambda q, p: _hand_spec("dp", q, p), inputs("data", "model"))
             continue
-        for kind_ in ("tp", "fsdp-tp", "fsdp-tp-embedding-fsdp"):
+        kinds = ("tp", "fsdp-tp", "fsdp-tp-embedding-fsdp")
+        if kind == "mixtral" and m <= 8:  # expert parallelism, at most one expert per device
+            kinds += ("ep", "fsdp-ep")
+        for kind_ in kinds:
             layouts[f"{kind_} {n // m}x{m}"] = (
                 (n // m, m), every, (lambda k: lambda q, p: _hand_spec(k, q, p))(kind_),
                 inputs("data"))
@@ -217,6 +235,12 @@ def main():
             "batch 64 x 1024. Llama 8B: 32 layers, d=4096, GQA 8 KV heads, SwiGLU 14336, "
             "vocab 128256, batch 64 x 2048, attention written out (S x S scores held). "
             "Llama 70B: benchmarks/plan.py's (80 layers, d=8192, batch 256 x 4096). "
+            "Mixtral: 8x7B's shape (32 layers, d=4096, 8 SwiGLU experts of 14336, top 2, "
+            "vocab 32000, batch 64 x 2048), the experts as GShard/MaxText's dropping "
+            "implementation writes them (groups of 1024 tokens, capacity factor 1.25, "
+            "one-hot dispatch and combine einsums; benchmarks/plan_models.py's MoE); its "
+            "hand layouts add expert parallelism (the experts over 'model', with or without "
+            "FSDP over 'data'), and its FSDP shards the experts' 'd' or 'ffn' dim. "
             "ResNet-50: batch 1024 of 224 x 224 images, SGD with momentum; its hand layouts "
             "are data parallel, FSDP and spatial partitioning (the images' rows over 'model', "
             "the batch over 'data').")

@@ -1,7 +1,8 @@
 """Models for the plan-mode studies (benchmarks/plan.py), written out here so the benchmark
 needs nothing beyond torch: a Hugging Face-layout GPT-2 (Conv1D weights stored [in, out], tied
-input/output embeddings), a Llama-style decoder (RMSNorm, grouped-query attention, SwiGLU), and
-ResNet-50 (torchvision's layout: bottleneck blocks [3, 4, 6, 3], batch norm)."""
+input/output embeddings), a Llama-style decoder (RMSNorm, grouped-query attention, SwiGLU; with
+`experts`, Mixtral-style top-k mixture-of-experts SwiGLU), and ResNet-50 (torchvision's layout:
+bottleneck blocks [3, 4, 6, 3], batch norm)."""
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,43 @@ class LlamaConfig:
     vocab: int = 32000
     batch: int = 256
     seq: int = 4096
+    experts: int = 0  # > 0: each block's SwiGLU is a mixture of this many experts (Mixtral)
+    top_k: int = 2
+
+
+class MoE(nn.Module):
+    """Top-k mixture of SwiGLU experts with a capacity, as GShard and MaxText's dropping
+    implementation write it: tokens in groups of `group`; each expert takes at most `cap` of a
+    group's tokens (the rest are dropped); dispatch and combine are dense one-hot einsums, so
+    every op is a matmul or elementwise (expert weights [experts, in, out])."""
+
+    def __init__(self, d: int, f: int, experts: int, top_k: int, group: int = 1024,
+                 capacity_factor: float = 1.25):
+        super().__init__()
+        self.experts, self.top_k, self.group = experts, top_k, group
+        self.cap = int(group * top_k / experts * capacity_factor)
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, d, f) * d ** -0.5)
+        self.w3 = nn.Parameter(torch.randn(experts, d, f) * d ** -0.5)
+        self.w2 = nn.Parameter(torch.randn(experts, f, d) * f ** -0.5)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        g = x.reshape(-1, min(self.group, b * s), d)                       # [G, S, D]
+        probs = self.router(g).float().softmax(-1)                          # [G, S, E]
+        idx = probs.topk(self.top_k, dim=-1).indices                        # [G, S, k]
+        experts = torch.arange(self.experts, device=x.device)
+        chosen = (idx.unsqueeze(-1) == experts).to(probs.dtype).sum(2)      # [G, S, E] 0/1
+        slot = (chosen.cumsum(1) - 1) * chosen              # the token's place in its expert
+        kept = chosen * (slot < self.cap).to(chosen.dtype)
+        places = torch.arange(self.cap, device=x.device)
+        dispatch = (slot.unsqueeze(-1) == places).to(x.dtype) * kept.unsqueeze(-1).to(x.dtype)
+        combine = dispatch * (probs * kept).unsqueeze(-1).to(x.dtype)      # [G, S, E, C]
+        xin = torch.einsum("gsec,gsd->egcd", dispatch, g)
+        h = F.silu(torch.einsum("egcd,edf->egcf", xin, self.w1)) * \
+            torch.einsum("egcd,edf->egcf", xin, self.w3)
+        out = torch.einsum("egcf,efd->egcd", h, self.w2)
+        return torch.einsum("gsec,egcd->gsd", combine, out).reshape(b, s, d)
 
 
 class RMSNorm(nn.Module):
@@ -125,9 +163,12 @@ class LlamaBlock(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * hd, bias=False)
         self.wo = nn.Linear(cfg.heads * hd, cfg.dim, bias=False)
         self.ffn_norm = RMSNorm(cfg.dim)
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn, bias=False)
-        self.w2 = nn.Linear(cfg.ffn, cfg.dim, bias=False)
+        if cfg.experts:
+            self.moe = MoE(cfg.dim, cfg.ffn, cfg.experts, cfg.top_k)
+        else:
+            self.w1 = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+            self.w3 = nn.Linear(cfg.dim, cfg.ffn, bias=False)
+            self.w2 = nn.Linear(cfg.ffn, cfg.dim, bias=False)
 
     def forward(self, x):
         b, s, d = x.shape
@@ -142,6 +183,8 @@ class LlamaBlock(nn.Module):
         y = causal_attention(q, kv(self.wk(h)), kv(self.wv(h)))
         x = x + self.wo(y.transpose(1, 2).reshape(b, s, d))
         h = self.ffn_norm(x)
+        if hasattr(self, "moe"):
+            return x + self.moe(h)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 

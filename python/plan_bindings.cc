@@ -124,6 +124,13 @@ void BindPlan(py::module_& m) {
     return out;
   });
   // The last step (planned or executed) on `hardware` (a dict of Hardware's fields).
+  // The last step's predicted step seconds and peak bytes per device (what Plan.report() says
+  // of them) without the rest of the report: the auto-sharding search's evaluations.
+  m.def("_last_step_summary", [](const py::dict& hardware) {
+    partition::ProgramStats stats = aten::LastStepStats();
+    return py::make_tuple(partition::EstimateStep(stats, HardwareFromDict(hardware)).step_seconds,
+                          stats.device_peak_bytes);
+  });
   m.def("_estimate_last_step", [](const py::dict& hardware) {
     partition::Hardware hw = HardwareFromDict(hardware);
     partition::ProgramStats stats = aten::LastStepStats();
