@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 import torch
 
 import torch_spmd
+import torch_spmd.core.xla_model as xm
 from torch_spmd import debug
 from torch_spmd.debug import metrics
 
@@ -276,3 +277,21 @@ def same_shape_dtype(dev_out, cpu_out):
     for d, c in zip(tree_leaves(dev_out), tree_leaves(cpu_out), strict=True):
         assert d.device == DEV and d.shape == c.shape and d.dtype == c.dtype, (d, c)
         assert torch.isfinite(d.cpu()).all()
+
+
+def sgd_losses(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor], steps: int,
+               lr: float) -> torch.Tensor:
+    """`steps` SGD steps of `loss_fn()` on `model` (a mark_step after each when it lives on the
+    spmd device); the losses, on the CPU."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    on_spmd = next(model.parameters()).device.type == "spmd"
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if on_spmd:
+            xm.mark_step()
+        losses.append(loss.detach().cpu())
+    return torch.stack(losses)

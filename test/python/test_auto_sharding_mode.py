@@ -15,6 +15,8 @@ import torch_spmd.runtime as xr
 from torch_spmd import _C
 from torch_spmd.plan import Plan, report_last_step
 
+from helpers import sgd_losses
+
 pytestmark = pytest.mark.usefixtures("eight_devices")
 
 
@@ -27,18 +29,8 @@ def auto_off_after(monkeypatch):
 
 def _train(model, x, y, device, steps=4):
     model = copy.deepcopy(model).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = x.to(device), y.to(device)
-    losses = []
-    for _ in range(steps):
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device == "spmd":
-            xm.mark_step()
-        losses.append(loss.detach().cpu())
-    return torch.stack(losses), model
+    return sgd_losses(model, lambda: nn.functional.mse_loss(model(x), y), steps, lr=0.1), model
 
 
 def _mlp(dim, hidden):

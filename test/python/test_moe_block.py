@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import torch_spmd.core.xla_model as xm
 import torch_spmd.distributed.spmd as xs
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "benchmarks"))
+from helpers import sgd_losses  # noqa: E402
 from plan_models import MoE  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("eight_devices")
@@ -28,17 +28,8 @@ def _train(moe, x, device, specs=None, steps=2):
         for name, p in moe.named_parameters():
             xs.mark_sharding(p, mesh, specs[name])
         xs.mark_sharding(x, mesh, ("data", None, None))
-    opt = torch.optim.SGD(moe.parameters(), lr=0.5)
-    losses = []
-    for _ in range(steps):
-        loss = moe(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if device == "spmd":
-            xm.mark_step()
-        losses.append(loss.detach().cpu())
-    return torch.stack(losses), {n: p.detach().cpu() for n, p in moe.named_parameters()}
+    losses = sgd_losses(moe, lambda: moe(x).pow(2).mean(), steps, lr=0.5)
+    return losses, {n: p.detach().cpu() for n, p in moe.named_parameters()}
 
 
 EXPERT_PARALLEL = {"router.weight": (None, None), "w1": ("model", "data", None),
