@@ -161,7 +161,6 @@ def run_case(name):
                 inputs("data"))
     # auto_shard first, in the fresh process, as a user calls it (planning the hand layouts
     # first leaves a heap that slows its evaluations by a fifth)
-    t0 = time.perf_counter()
     res = auto_shard(build, step, num_devices=n, hardware=hw, memory_budget=budget,
                      time_limit=limit)
     a = res.best

@@ -338,11 +338,13 @@ std::vector<at::Tensor> KnownValues(const ir::Graph& graph, const std::vector<ir
   }
 }
 
+// Planned programs kept (PlanStep): a search over layouts (auto_shard) plans hundreds of
+// programs once each, tens of MB apiece for a 70B step; a training loop replans the same few.
+constexpr size_t kPlanCacheEntries = 16;
+
 // Plan mode: the step is partitioned (and cached) like a real one, then analysed instead of
 // run; its outputs become planned data in the layouts the program produces them in (with
 // their values where KnownValues keeps them).
-constexpr size_t kPlanCacheEntries = 16;
-
 void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
               const std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
   static auto* cache = new std::unordered_map<Hash, std::shared_ptr<const partition::Program>>();
@@ -352,8 +354,6 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
   if (it == cache->end()) {
     Count("UncachedCompile");
     ScopedTimer timer("CompileTime");
-    // A search over layouts (auto_shard) plans hundreds of programs once each, tens of MB
-    // apiece for a 70B step; a training loop replans the same few. Keep a few, not all.
     if (cache->size() >= kPlanCacheEntries) cache->clear();
     partition::PartitionOptions options = step.options;
     options.executor_traits = false;  // (never run)

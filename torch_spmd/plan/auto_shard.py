@@ -406,7 +406,8 @@ class _Search:
 
 
 def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
-    """(mesh shape, choice) pairs to descend from. Data parallelism and FSDP (every parameter's
+    """Sweeps of (mesh shape, choice) pairs to descend from, each one kind of layout over the
+    shapes by growing model axis (see _plan_sweep), in the order to plan them. Data parallelism and FSDP (every parameter's
     dim 0 stored over the axes) over every device are one layout on any mesh shape: planned
     once, on the flattest shape. On a shape with a model axis, tensor parallelism: the batch
     over 'data', and the parameter-only classes (`model_classes`, most bytes first) over
