@@ -184,6 +184,18 @@ def test_mark_sharding_lines_are_code_that_gives_the_same_layout(result):
     assert str(result).startswith("auto_shard: ")
 
 
+def test_str_says_when_the_best_was_found_and_lists_each_runner_up_once(result):
+    # the best was planned by the search before the call ended (an exact re-plan keeps the
+    # time its source layout was found)
+    assert 0 < result.best.found_after <= result.seconds
+    text = str(result)
+    assert f"(found after {result.best.found_after:.1f} s)" in text
+    described = [line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("  runner-up:")]
+    assert len(described) == len(set(described))
+    assert result.best.describe() not in described
+
+
 def test_str_lists_blocks_as_one_loop():
     r = auto_shard(build, step, num_devices=8, hardware=HW, time_limit=300,
                    mesh_shapes=[(1, 8)])

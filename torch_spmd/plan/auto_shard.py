@@ -70,6 +70,9 @@ class Layout:
     # which keep only the step and the peak
     report: object = field(default=None, repr=False)
     exact: bool = False  # planned as a training run has it (evaluate_specs)
+    # seconds into the call when the search first planned this layout (an exact re-plan keeps
+    # its source's): how long the search took to find it, whatever its time limit
+    found_after: float = 0.0
 
     def describe(self) -> str:
         mesh = " x ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
@@ -92,8 +95,20 @@ class AutoShardResult:
     def __str__(self) -> str:
         lines = [f"auto_shard: {self.evaluations} layouts planned in {self.seconds:.1f} s"
                  f"{' (time limit reached)' if self.timed_out else ''}",
-                 f"  best:      {self.best.describe()}"]
-        lines += [f"  runner-up: {r.describe()}" for r in self.runners_up[:4]]
+                 f"  best:      {self.best.describe()} (found after "
+                 f"{self.best.found_after:.1f} s)"]
+        # (runners-up that read as the best does differ only in specs the cost cannot tell
+        # apart, e.g. which of two equal axes a bias is stored over: listed once, counted)
+        shown, same = [self.best.describe()], 0
+        for r in self.runners_up:
+            if r.describe() in shown:
+                same += 1
+            elif len(shown) < 5:
+                shown.append(r.describe())
+                lines.append(f"  runner-up: {shown[-1]}")
+        if same:
+            lines.append(f"  ({same} more layouts read the same as one above: they differ in "
+                         f"specs that cost the same)")
         return "\n".join(lines + ["", self.mark_sharding_lines()])
 
     def mark_sharding_lines(self, model: str = "model", mesh: str = "mesh") -> str:
@@ -186,12 +201,13 @@ class _Search:
     """The planned model, its leaves (parameters, optimizer states, inputs), its classes,
     and the cache of evaluated layouts."""
 
-    def __init__(self, build, step, plan, budget, tie_blocks, find_classes=True):
+    def __init__(self, build, step, plan, budget, tie_blocks, find_classes=True, started=None):
         from ..core import xla_model as xm
         self.xm, self.plan, self.budget, self.step, self.build = xm, plan, budget, step, build
         self._meshes, self._sharding_args = {}, {}
         self._last_specs = None  # ((mesh shape, names), specs) of the last evaluation
         self.fitting_found = False  # some evaluated layout fits the budget
+        self.started = time.perf_counter() if started is None else started  # (found_after)
         self._build()
         self.states, self.classes, self.dims = [], [], []
         if find_classes:  # (plan_layouts plans only exactly: each evaluation starts afresh)
@@ -382,7 +398,8 @@ class _Search:
         n = len(self.params)
         layout = Layout(tuple(mesh_shape), tuple(names),
                         {name: s for (name, _), s in zip(self.params, specs[:n])},
-                        list(specs[n:]), step_seconds, peak, peak <= self.budget, r, exact)
+                        list(specs[n:]), step_seconds, peak, peak <= self.budget, r, exact,
+                        time.perf_counter() - self.started)
         self.cache[key] = layout
         self.fitting_found = self.fitting_found or layout.fits
         return layout
@@ -524,9 +541,12 @@ def _rerank(search, rerank, deadline):
                 cut = i < rerank
                 break
         t1 = time.perf_counter()
-        exact.append(search.evaluate_specs(
+        e = search.evaluate_specs(
             l.mesh_shape, l.axis_names, list(l.param_specs.values()) + list(l.input_specs),
-            exact=True))
+            exact=True)
+        if e is not None:
+            e.found_after = min(e.found_after, l.found_after)
+        exact.append(e)
         cost = max(cost, time.perf_counter() - t1)
     replanned = len(exact)
     exact = sorted((l for l in exact if l is not None), key=_rank)
@@ -597,7 +617,7 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     with Plan(num_devices=num_devices, hardware=hw) as plan:
-        search = _Search(build, step, plan, budget, tie_blocks)
+        search = _Search(build, step, plan, budget, tie_blocks, started=t0)
         sizes, param_bytes = search.sizes()
         nc, ng = len(search.classes), len(search.groups)
         first_input = search.dims[len(search.params)] if search.inputs else []
