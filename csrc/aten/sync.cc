@@ -9,7 +9,6 @@
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "partition/cost.h"
-#include "partition/dim_classes.h"
 #include "partition/partitioner.h"
 #include "partition/rules/rule.h"
 #include "runtime/compile_cache.h"
@@ -538,27 +537,6 @@ std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors) {
   return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors)),
                                    runtime::DeviceSet::Get().num_devices(), Options())
       .ToText();
-}
-
-int64_t DataId(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  const ir::Value& v = GetLazyImpl(t, "data_id")->slot()->value;
-  TORCH_CHECK(v.node->is_data(), "data_id: the tensor is pending; run mark_step() first");
-  return reinterpret_cast<int64_t>(v.node->data().get());
-}
-
-std::unordered_map<int64_t, std::vector<int>> PendingDimClasses() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  std::vector<ir::Value> outputs;
-  for (const SlotPtr& s : PendingSlots())
-    if (s->value.valid() && !s->value.node->is_data()) outputs.push_back(s->value);
-  std::unordered_map<int64_t, std::vector<int>> out;
-  if (outputs.empty()) return out;
-  ir::Graph graph = ir::BuildGraph(outputs);
-  partition::DimClasses classes = partition::ComputeDimClasses(graph);
-  for (size_t i = 0; i < graph.params.size(); ++i)
-    out[reinterpret_cast<int64_t>(graph.params[i]->data().get())] = classes.param_dims[i];
-  return out;
 }
 
 void SetDeferOutputReductions(bool defer) {

@@ -30,13 +30,6 @@ Hash PendingGraphHash(const std::vector<at::Tensor>& tensors);
 std::string PendingGraphText(const std::vector<at::Tensor>& tensors);
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors);
 
-// An identity for the device data `t` holds now (it must not be pending), stable while that
-// data lives: what PendingDimClasses keys its answer by.
-int64_t DataId(const at::Tensor& t);
-// The dim classes (partition/dim_classes.h) of the graph of everything pending, for each
-// device data that graph reads, keyed by DataId. Computes nothing.
-std::unordered_map<int64_t, std::vector<int>> PendingDimClasses();
-
 // Whether a step may hand back pending partial sums (see PartitionOptions); part of the
 // compile cache key.
 void SetDeferOutputReductions(bool defer);

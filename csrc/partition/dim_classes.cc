@@ -30,16 +30,16 @@ class UnionFind {
 
 DimClasses ComputeDimClasses(const ir::Graph& graph) {
   UnionFind sets;
-  // first[node position] + output index -> first set of that value's dims
-  std::unordered_map<const ir::Node*, std::vector<int>> first;
+  DimClasses out;
+  // first[node] + output index -> first set of that value's dims (a rank-0 value gets the
+  // next value's start: it has no dim to look up)
+  std::unordered_map<const ir::Node*, std::vector<int>>& first = out.first_element;
+  int elements = 0;
   for (const ir::NodePtr& n : graph.nodes) {
     std::vector<int>& f = first[n.get()];
     for (int o = 0; o < n->num_outputs(); ++o) {
-      f.push_back(-1);
-      for (int64_t d = 0; d < n->output(o).rank(); ++d) {
-        int id = sets.Add();
-        if (d == 0) f.back() = id;
-      }
+      f.push_back(elements);
+      for (int64_t d = 0; d < n->output(o).rank(); ++d, ++elements) sets.Add();
     }
   }
   auto dim_set = [&](const ir::Value& v, int64_t d) { return first.at(v.node.get())[v.index] + d; };
@@ -71,7 +71,6 @@ DimClasses ComputeDimClasses(const ir::Graph& graph) {
       tie(rule->results[o], ir::Value{n, static_cast<int>(o)});
   }
   // Number the classes that parameters touch, in parameter order.
-  DimClasses out;
   std::unordered_map<int, int> number;
   for (const ir::NodePtr& p : graph.params) {
     std::vector<int>& dims = out.param_dims.emplace_back();
@@ -84,6 +83,11 @@ DimClasses ComputeDimClasses(const ir::Graph& graph) {
       if (added) ++out.num_classes;
       dims.push_back(it->second);
     }
+  }
+  out.element_class.resize(elements);
+  for (int e = 0; e < elements; ++e) {
+    auto it = number.find(sets.Find(e));
+    out.element_class[e] = it == number.end() ? -1 : it->second;
   }
   return out;
 }
