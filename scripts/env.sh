@@ -33,7 +33,7 @@ _spmd_python_debian12() {
     echo "Debian 12 detected: Debian's torch is 1.13 (unsupported); using PyPI's torch 2.13.0 in $venv" >&2
     [ -x "$venv/bin/python" ] || "$base" -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" >&2 || true
-    "$venv/bin/pip" install -q --disable-pip-version-check numpy pytest hypothesis rich scikit-learn tqdm \
+    "$venv/bin/pip" install -q --disable-pip-version-check numpy scipy pytest hypothesis rich scikit-learn tqdm \
       matplotlib pybind11 setuptools wheel "${SPMD_TEST_PACKAGES[@]}" 2>&1 | grep -v "^WARNING: Location" >&2 || true
     "$venv/bin/python" -c 'import torch, pytest, pybind11, transformers' || return 1
   fi

@@ -9,7 +9,7 @@ PACKAGES=(cmake ninja-build g++ libgtest-dev libgmock-dev chromium)
 major=$(cut -d. -f1 /etc/debian_version 2>/dev/null | grep -E '^[0-9]+$' || echo 0)
 if [ "$major" -ge 13 ] || [ "$major" -eq 0 ]; then
   PACKAGES+=(
-    python3-torch libtorch-dev python3-dev pybind11-dev libopenblas0-pthread python3-numpy
+    python3-torch libtorch-dev python3-dev pybind11-dev libopenblas0-pthread python3-numpy python3-scipy
     python3-pytest python3-hypothesis python3-rich python3-sklearn python3-tqdm python3-matplotlib python3-venv
     python3-setuptools python3-wheel
   )
