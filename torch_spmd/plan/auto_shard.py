@@ -572,12 +572,13 @@ def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
 def _plan_sweep(search, names, sweep, out_of_time, best, patience=2):
     """Plans a sweep's seeds (one kind of layout over mesh shapes by growing model axis) and
     returns [(layout, shape, choice)], and whether time ran out (at least one layout is
-    planned unless the search has a `best` already). A sweep stops after `patience` layouts
-    in a row that rank behind the best so far: a wider model axis trades collectives per
-    layer for memory, so past the best width a layout that fits is slower still, and one that
-    does not fit gains nothing the FSDP sweep has not tried; while nothing fits, the rank is
-    the peak, and a sweep whose wider axes stop lowering it has no more to give (on 2048
-    chips this saves planning 32 x 64 .. 1 x 2048, seconds each for a 70B model)."""
+    planned unless the search has a `best` already). Once some layout fits, a sweep stops
+    after `patience` layouts in a row that rank behind the best so far: a wider model axis
+    trades collectives per layer for memory, so past the best width a layout that fits is
+    slower still, and one that does not fit gains nothing the FSDP sweep has not tried (on
+    2048 chips this saves planning 32 x 64 .. 1 x 2048, seconds each for a 70B model). While
+    nothing fits, a sweep goes on: its peaks need not fall steadily (a 256-sequence batch
+    over 1024 devices is padded), and stopping one early lost the 70B case its best shape."""
     found, worse = [], 0
     for shape, choice in sweep:
         if out_of_time() and best is not None:
@@ -588,7 +589,7 @@ def _plan_sweep(search, names, sweep, out_of_time, best, patience=2):
         found.append((lay, shape, choice))
         if _better(lay, best):
             best, worse = lay, 0
-        else:
+        elif best.fits:
             worse += 1
             if worse >= patience:
                 break
