@@ -74,7 +74,7 @@ def solve(costs: dict, num_options: Sequence[int], budget: float, time_limit: fl
     offset = np.concatenate([[0], np.cumsum(num_options)]).astype(int)
     n_vars = int(offset[-1])
     cost = [0.0] * n_vars
-    rows = len(costs["fixed_bytes"]) if costs["row_positions"] else 0
+    rows = len(costs["row_positions"])  # (a small step may have fewer points than asked)
     mem = [dict() for _ in range(rows)]  # row -> {var: bytes}
     a_i, a_j, a_v, lo, hi = [], [], [], [], []
 
