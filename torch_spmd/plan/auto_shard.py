@@ -246,13 +246,10 @@ def _ilp_costs(search, names, shape, hw):
                 if c >= 0 and j >= 0:
                     decision_of_class[c] = j
         every = max((c for dims in found.values() for c in dims), default=-1) + 1
-        storage = {}
-        for g, members in enumerate(search.groups):
-            for i in members:
-                storage[leaf_ids[i]] = nc + g
-        for (_, i), data in zip(search.states, state_ids):
-            if i >= 0:
-                storage[data] = nc + next(g for g, m in enumerate(search.groups) if i in m)
+        group_of = {i: g for g, members in enumerate(search.groups) for i in members}
+        storage = {leaf_ids[i]: nc + g for i, g in group_of.items()}
+        storage.update({data: nc + group_of[i] for (_, i), data in zip(search.states, state_ids)
+                        if i >= 0})
         return _C._pending_layout_costs(
             [list(shape)], [decision_of_class.get(c, -1) for c in range(every)], [options],
             storage, dict(hw), _ILP_MEMORY_ROWS)[0]
@@ -577,8 +574,9 @@ def _plan_sweep(search, names, sweep, out_of_time, best, patience=2):
     trades collectives per layer for memory, so past the best width a layout that fits is
     slower still, and one that does not fit gains nothing the FSDP sweep has not tried (on
     2048 chips this saves planning 32 x 64 .. 1 x 2048, seconds each for a 70B model). While
-    nothing fits, a sweep goes on: its peaks need not fall steadily (a 256-sequence batch
-    over 1024 devices is padded), and stopping one early lost the 70B case its best shape."""
+    nothing fits, a sweep goes on: stopping it after two layouts whose peak did not fall
+    lost the 70B case on 2048 chips its best shape (1.007 of the hand layout's step, against
+    0.995)."""
     found, worse = [], 0
     for shape, choice in sweep:
         if out_of_time() and best is not None:
