@@ -80,39 +80,31 @@ void BindPlan(py::module_& m) {
     return static_cast<uint64_t>(aten::PendingGraphHash(tensors));
   });
   m.def("_pending_dim_classes", &aten::PendingDimClasses);
-  // The layout ILP's coefficients of the pending step (partition/layout_costs.h), per mesh
-  // shape: options[shape][decision] lists (dim, axis indices) pairs.
+  // The layout ILP's coefficients of the pending step on a mesh of `mesh_shape`
+  // (partition/layout_costs.h): options[decision] lists (dim, axis indices) pairs.
   m.def("_pending_layout_costs",
-        [](const std::vector<std::vector<int64_t>>& mesh_shapes,
-           const std::vector<int>& decision_of_class,
-           const std::vector<std::vector<std::vector<std::pair<int, std::vector<int>>>>>& options,
+        [](const std::vector<int64_t>& mesh_shape, const std::vector<int>& decision_of_class,
+           const std::vector<std::vector<std::pair<int, std::vector<int>>>>& options,
            const std::unordered_map<int64_t, int>& storage_of_data, const py::dict& hardware,
            int memory_points) {
-          std::vector<partition::LayoutProblem> problems;
-          for (const auto& per_shape : options) {
-            partition::LayoutProblem& p = problems.emplace_back();
-            p.decision_of_class = decision_of_class;
-            p.memory_points = memory_points;
-            for (const auto& decision : per_shape) {
-              auto& opts = p.options.emplace_back();
-              for (const auto& [dim, axes] : decision) opts.push_back({dim, axes});
-            }
+          partition::LayoutProblem p;
+          p.decision_of_class = decision_of_class;
+          p.memory_points = memory_points;
+          for (const auto& decision : options) {
+            auto& opts = p.options.emplace_back();
+            for (const auto& [dim, axes] : decision) opts.push_back({dim, axes});
           }
-          std::vector<partition::LayoutCosts> costs = aten::PendingLayoutCosts(
-              mesh_shapes, std::move(problems), storage_of_data, HardwareFromDict(hardware));
-          py::list out;
-          for (const partition::LayoutCosts& c : costs) {
-            py::list tuples;
-            for (const partition::DecisionTuple& t : c.tuples)
-              tuples.append(py::make_tuple(t.decisions, t.combos, t.seconds, t.bytes));
-            py::dict d;
-            d["tuples"] = tuples;
-            d["fixed_seconds"] = c.fixed_seconds;
-            d["fixed_bytes"] = c.fixed_bytes;
-            d["row_positions"] = c.row_positions;
-            out.append(d);
-          }
-          return out;
+          const partition::LayoutCosts c = aten::PendingLayoutCosts(
+              mesh_shape, std::move(p), storage_of_data, HardwareFromDict(hardware));
+          py::list tuples;
+          for (const partition::DecisionTuple& t : c.tuples)
+            tuples.append(py::make_tuple(t.decisions, t.combos, t.seconds, t.bytes));
+          py::dict d;
+          d["tuples"] = tuples;
+          d["fixed_seconds"] = c.fixed_seconds;
+          d["fixed_bytes"] = c.fixed_bytes;
+          d["row_positions"] = c.row_positions;
+          return d;
         });
   // Per-device bytes over the last step's program (one entry per program node), and the values
   // live at its peak: (bytes, op, scope, defined at, last use), largest first.

@@ -42,39 +42,29 @@ std::unordered_map<int64_t, std::vector<int>> PendingDimClasses() {
   return out;
 }
 
-std::vector<partition::LayoutCosts> PendingLayoutCosts(
-    const std::vector<std::vector<int64_t>>& mesh_shapes,
-    std::vector<partition::LayoutProblem> problems,
-    const std::unordered_map<int64_t, int>& storage_of_data, const partition::Hardware& hw) {
-  TORCH_CHECK(mesh_shapes.size() == problems.size(), "layout costs: ", mesh_shapes.size(),
-              " mesh shapes but ", problems.size(), " problems");
+partition::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
+                                          partition::LayoutProblem problem,
+                                          const std::unordered_map<int64_t, int>& storage_of_data,
+                                          const partition::Hardware& hw) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  std::vector<partition::LayoutCosts> out;
   std::optional<ir::Graph> graph = PendingGraph();
   TORCH_CHECK(graph, "layout costs: nothing is pending; record the step first");
-  partition::DimClasses classes = partition::ComputeDimClasses(*graph);
-  const partition::NodeRules rules(*graph);
-  std::vector<int> storage;
+  problem.storage_of_param.clear();
   for (const ir::NodePtr& p : graph->params) {
     auto it = storage_of_data.find(IdOf(p));
-    storage.push_back(it == storage_of_data.end() ? -1 : it->second);
+    problem.storage_of_param.push_back(it == storage_of_data.end() ? -1 : it->second);
   }
-  for (size_t s = 0; s < mesh_shapes.size(); ++s) {
-    const int64_t n = std::accumulate(mesh_shapes[s].begin(), mesh_shapes[s].end(), int64_t{1},
-                                      std::multiplies<int64_t>());
-    std::vector<int64_t> ids(n);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::vector<std::string> names;
-    for (size_t a = 0; a < mesh_shapes[s].size(); ++a) names.push_back("axis" + std::to_string(a));
-    problems[s].storage_of_param = storage;
-    try {
-      out.push_back(partition::ComputeLayoutCosts(*graph, classes, rules, Mesh(ids, mesh_shapes[s], names),
-                                                  hw, problems[s]));
-    } catch (const std::invalid_argument& e) {
-      TORCH_CHECK_VALUE(false, e.what());
-    }
+  const int64_t n = std::accumulate(mesh_shape.begin(), mesh_shape.end(), int64_t{1},
+                                    std::multiplies<int64_t>());
+  std::vector<int64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0);
+  try {
+    const partition::DimClasses classes = partition::ComputeDimClasses(*graph);
+    return partition::ComputeLayoutCosts(*graph, classes, partition::NodeRules(*graph),
+                                         Mesh(ids, mesh_shape), hw, problem);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
   }
-  return out;
 }
 
 }  // namespace spmd::aten

@@ -21,12 +21,12 @@ int64_t DataId(const at::Tensor& t);
 // device data that graph reads, keyed by DataId.
 std::unordered_map<int64_t, std::vector<int>> PendingDimClasses();
 
-// The layout ILP's coefficients (partition/layout_costs.h) of the same graph, one per mesh
-// shape (axes 'data', 'model', ... over devices 0..n-1) with that shape's `problems` entry;
-// the graph's parameters take their storage decision from `storage_of_data` (by DataId).
-std::vector<partition::LayoutCosts> PendingLayoutCosts(
-    const std::vector<std::vector<int64_t>>& mesh_shapes,
-    std::vector<partition::LayoutProblem> problems,
-    const std::unordered_map<int64_t, int>& storage_of_data, const partition::Hardware& hw);
+// The layout ILP's coefficients (partition/layout_costs.h) of the same graph on a mesh of
+// `mesh_shape` (devices 0..n-1); the graph's parameters take their storage decision from
+// `storage_of_data` (by DataId).
+partition::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
+                                          partition::LayoutProblem problem,
+                                          const std::unordered_map<int64_t, int>& storage_of_data,
+                                          const partition::Hardware& hw);
 
 }  // namespace spmd::aten

@@ -132,6 +132,19 @@ GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const Fac
   return g;
 }
 
+void SetRuleCost(OpCost& c, const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
+                 const std::vector<TensorType>& local) {
+  c.flops = RuleFlops(rule, mesh, fa, local);
+  c.contraction = rule.flops_per_point && *rule.flops_per_point > 0;
+  c.view = rule.view != ViewKind::kNone;
+  if (!c.contraction) return;
+  const GemmShape g = ContractionShape(rule, mesh, fa);
+  c.gemm_m = g.m;
+  c.gemm_n = g.n;
+  c.gemm_k = g.k;
+  c.gemm_batch = g.batch;
+}
+
 void LinkCommunication(const std::vector<ir::NodePtr>& nodes,
                        std::vector<CollectiveStat>& collectives, std::vector<OpCost>& ops) {
   std::unordered_map<const ir::Node*, int64_t> index, first_reader;

@@ -58,6 +58,12 @@ struct GemmShape {
 };
 GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa);
 
+// Sets what `rule` under `fa` makes of `c` besides its bytes: FLOPs on the `local` result
+// types, whether it is a contraction and its GEMM extents, whether it is a view. The
+// partitioner records each op so; the layout ILP's coefficients price candidate axes so.
+void SetRuleCost(OpCost& c, const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
+                 const std::vector<TensorType>& local);
+
 // Where communication meets compute in `nodes`, the program `collectives` and `ops` were
 // recorded for (program.h): each collective's input_position and first_use_position, and
 // whether each op is independent_of_collectives.

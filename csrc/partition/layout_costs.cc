@@ -87,6 +87,8 @@ class Builder {
     Enumerate(decisions, 0, combo, t.combos);
     t.seconds.assign(t.combos.size(), 0.0);
     t.bytes.assign(problem_.memory_points, std::vector<double>(t.combos.size(), 0.0));
+    std::vector<double>& tiles = tiles_.emplace_back();
+    for (const std::vector<int>& combo : t.combos) tiles.push_back(Tiles(t, combo));
     out_.tuples.push_back(std::move(t));
     return it->second;
   }
@@ -158,15 +160,11 @@ class Builder {
       if (t.dtype != DType::kUndefined) c.bytes += local.back().bytes();
     }
     if (n.num_outputs() > 0) c.dtype = n.output(0).dtype;
-    c.flops = group < 0 ? RuleFlops(rule, mesh_, fa, local) : ElementFlops(local);
-    c.contraction = group < 0 && rule.flops_per_point && *rule.flops_per_point > 0;
-    c.view = rule.view != ViewKind::kNone;
-    if (c.contraction) {
-      GemmShape g = ContractionShape(rule, mesh_, fa);
-      c.gemm_m = g.m;
-      c.gemm_n = g.n;
-      c.gemm_k = g.k;
-      c.gemm_batch = g.batch;
+    if (group < 0) {
+      SetRuleCost(c, rule, mesh_, fa, local);
+    } else {  // (a list op's element: pointwise)
+      c.flops = ElementFlops(local);
+      c.view = rule.view != ViewKind::kNone;
     }
     double seconds = OpSeconds(c, hw_).seconds();
     for (int o = 0; o < n.num_outputs() && o < static_cast<int>(rule.results.size()); ++o) {
@@ -301,8 +299,9 @@ class Builder {
       out_.fixed_bytes[row] += bytes;
       return;
     }
-    DecisionTuple& t = out_.tuples[Tuple(decisions)];
-    for (size_t s = 0; s < t.combos.size(); ++s) t.bytes[row][s] += bytes / Tiles(t, t.combos[s]);
+    const int index = Tuple(decisions);
+    DecisionTuple& t = out_.tuples[index];
+    for (size_t s = 0; s < t.combos.size(); ++s) t.bytes[row][s] += bytes / tiles_[index][s];
   }
 
   // Rows at the points of the step that hold the most bytes (parameters aside), before
@@ -314,7 +313,6 @@ class Builder {
       int64_t defined = 0, last = 0;
     };
     std::vector<Life> lives;
-    std::unordered_map<const ir::Node*, std::vector<int>> life_of;  // per output: index or -1
     std::unordered_map<const ir::Node*, std::vector<int>> source;   // per output: its life
     for (int64_t i = 0; i < n; ++i) {
       const ir::NodePtr& node = graph_.nodes[i];
@@ -359,11 +357,14 @@ class Builder {
       if (!near) out_.row_positions.push_back(i);
     }
     out_.fixed_bytes.assign(problem_.memory_points, 0.0);
-    for (size_t r = 0; r < out_.row_positions.size(); ++r)
-      for (const Life& l : lives)
-        if (l.defined <= out_.row_positions[r] && out_.row_positions[r] <= l.last)
-          AddBytes(static_cast<int>(r), ValueDecisions(l.value),
-                   static_cast<double>(l.value.type().bytes()));
+    for (const Life& l : lives) {
+      std::vector<int> decisions;  // (looked up once a value is live in some row)
+      for (size_t r = 0; r < out_.row_positions.size(); ++r) {
+        if (l.defined > out_.row_positions[r] || out_.row_positions[r] > l.last) continue;
+        if (decisions.empty()) decisions = ValueDecisions(l.value);
+        AddBytes(static_cast<int>(r), decisions, static_cast<double>(l.value.type().bytes()));
+      }
+    }
   }
 
   // Parameters are live in every row, stored over their classes' axes and their storage
@@ -399,12 +400,13 @@ class Builder {
       for (size_t r = 0; r < out_.row_positions.size(); ++r) AddBytes(static_cast<int>(r), decisions, bytes);
       auto it = reads.find(graph_.params[i].get());
       if (storage < 0 || it == reads.end() || it->second < 2) continue;
-      DecisionTuple& t = out_.tuples[Tuple(decisions)];
+      const int index = Tuple(decisions);
+      DecisionTuple& t = out_.tuples[index];
       const size_t at = std::find(t.decisions.begin(), t.decisions.end(), storage) - t.decisions.begin();
       for (size_t s = 0; s < t.combos.size(); ++s) {
         const AxisList& axes = Option(storage, t.combos[s][at]).axes;
         if (axes.empty()) continue;
-        const int64_t stored = static_cast<int64_t>(bytes / Tiles(t, t.combos[s]));
+        const int64_t stored = static_cast<int64_t>(bytes / tiles_[index][s]);
         t.seconds[s] += (it->second - 1) * Collective("all-gather", axes, stored);
       }
     }
@@ -418,6 +420,7 @@ class Builder {
   const LayoutProblem& problem_;
   LayoutCosts& out_;
   std::map<std::vector<int>, int> tuple_index_;
+  std::vector<std::vector<double>> tiles_;  // per tuple, per combination: Tiles
   std::unordered_map<std::string, std::vector<double>> op_seconds_;
 };
 

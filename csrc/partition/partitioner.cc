@@ -411,18 +411,10 @@ class Partitioner {
       if (t.dtype != DType::kUndefined) c.bytes += local.back().bytes();
     }
     if (n.num_outputs() > 0) c.dtype = n.output(0).dtype;
-    c.flops = rule ? RuleFlops(*rule, *mesh_, fa, local) : ElementFlops(local);
+    if (rule) SetRuleCost(c, *rule, *mesh_, fa, local);
+    else c.flops = ElementFlops(local);
     c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
-    c.contraction = rule && rule->flops_per_point && *rule->flops_per_point > 0;
-    c.view = rule && rule->view != ViewKind::kNone;
     c.recomputed = !c.view && recomputed_.count(&n) > 0;  // a view computes nothing
-    if (c.contraction) {
-      GemmShape g = ContractionShape(*rule, *mesh_, fa);
-      c.gemm_m = g.m;
-      c.gemm_n = g.n;
-      c.gemm_k = g.k;
-      c.gemm_batch = g.batch;
-    }
     if (rule && IsPointwise(*rule) && rule->view == ViewKind::kNone) FuseWithProducers(n, operands, c);
     costs_.push_back(std::move(c));
   }

@@ -227,14 +227,12 @@ def _ilp_costs(search, names, shape, hw):
     nc = len(search.classes)
     index = {a: k for k, a in enumerate(names)}
 
-    def encoded(option):  # (dim, axis indices): a class's axes, or a storage choice
-        if option is None:
-            return (-1, [])
-        if isinstance(option, tuple) and len(option) == 2 and isinstance(option[0], int):
-            return (option[0], [index[a] for a in option[1]])
-        return (-1, [index[a] for a in option])
+    def encoded(i, option):  # (dim, axis indices): a class's axes, or a storage choice
+        if i < nc:
+            return (-1, [index[a] for a in option])
+        return (-1, []) if option is None else (option[0], [index[a] for a in option[1]])
 
-    options = [[encoded(o) for o in _options(search, names, shape, sizes, i)]
+    options = [[encoded(i, o) for o in _options(search, names, shape, sizes, i)]
                for i in range(nc + len(search.groups))]
 
     def while_pending(leaf_ids, state_ids):
@@ -251,8 +249,8 @@ def _ilp_costs(search, names, shape, hw):
         storage.update({data: nc + group_of[i] for (_, i), data in zip(search.states, state_ids)
                         if i >= 0})
         return _C._pending_layout_costs(
-            [list(shape)], [decision_of_class.get(c, -1) for c in range(every)], [options],
-            storage, dict(hw), _ILP_MEMORY_ROWS)[0]
+            list(shape), [decision_of_class.get(c, -1) for c in range(every)], options,
+            storage, dict(hw), _ILP_MEMORY_ROWS)
 
     return search.record(while_pending), [len(o) for o in options]
 
@@ -357,12 +355,7 @@ class _Search:
         of each dim (self.dims; -1: none)."""
         leaves = [n for n, _ in self.params] + [f"inputs[{i}]" for i in range(len(self.inputs))]
         tensors = [p for _, p in self.params] + list(self.inputs)
-        ids = [_C._data_id(t) for t in tensors]
-        self.step(self.model, self.opt, *self.inputs)      # recorded, not yet planned
-        try:
-            found = _C._pending_dim_classes()
-        finally:
-            self.xm.mark_step()
+        ids, found = self.record(lambda leaf_ids, _: (leaf_ids, _C._pending_dim_classes()))
         self._decide(found, leaves, tensors, ids, tie_blocks)
 
     def _decide(self, found, leaves, tensors, ids, tie_blocks):
