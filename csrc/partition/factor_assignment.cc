@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_map>
 
 namespace spmd::partition {
 
@@ -49,10 +50,14 @@ bool WindowedTilingOk(const ShardingRule& rule, int f, int64_t tiles,
 
 }  // namespace
 
-FactorAxes ProjectToFactors(const ShardingRule& rule, const TensorFactors& tensor,
-                            const Sharding& sharding) {
-  FactorAxes out(rule.factors.size());
-  if (!sharding.valid() || sharding.rank() != static_cast<int64_t>(tensor.size())) return out;
+namespace {
+
+// ProjectToFactors into `out`, which holds no axes for the factors of `tensor`: only those
+// entries are written, so a caller can reuse one `out` for every tensor of an op (a
+// `_foreach_` op has thousands of factors, each tensor a few).
+void ProjectInto(const ShardingRule& rule, const TensorFactors& tensor, const Sharding& sharding,
+                 FactorAxes& out) {
+  if (!sharding.valid() || sharding.rank() != static_cast<int64_t>(tensor.size())) return;
   const Mesh& mesh = sharding.mesh();
   for (size_t d = 0; d < tensor.size(); ++d) {
     const DimFactors& dim = tensor[d];
@@ -75,6 +80,14 @@ FactorAxes ProjectToFactors(const ShardingRule& rule, const TensorFactors& tenso
       if (prod < size || pos >= axes.size()) break;
     }
   }
+}
+
+}  // namespace
+
+FactorAxes ProjectToFactors(const ShardingRule& rule, const TensorFactors& tensor,
+                            const Sharding& sharding) {
+  FactorAxes out(rule.factors.size());
+  ProjectInto(rule, tensor, sharding, out);
   return out;
 }
 
@@ -104,11 +117,16 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
     int64_t bytes;
   };
   std::vector<std::vector<Candidate>> candidates(num_factors);
+  FactorAxes projected(num_factors);  // (scratch: only a tensor's own factors are touched)
   auto collect = [&](const TensorFactors& tf, const Sharding* s, const TensorType& type) {
     if (!s || !s->valid()) return;
-    FactorAxes fa = ProjectToFactors(rule, tf, *s);
-    for (size_t f = 0; f < num_factors; ++f)
-      if (!fa[f].empty()) candidates[f].push_back({fa[f], TensorBytes(type)});
+    ProjectInto(rule, tf, *s, projected);
+    for (const DimFactors& dim : tf)
+      for (int f : dim) {
+        if (projected[f].empty()) continue;
+        candidates[f].push_back({std::move(projected[f]), TensorBytes(type)});
+        projected[f].clear();
+      }
   };
   for (size_t i = 0; i < operands.size() && i < rule.operands.size(); ++i)
     collect(rule.operands[i], operands[i], operand_types[i]);
@@ -121,22 +139,25 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
     std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.axes.size() > b.axes.size();
     });
-  std::vector<int> order(num_factors);
-  std::iota(order.begin(), order.end(), 0);
-  auto best_bytes = [&](int f) { return candidates[f].empty() ? 0 : candidates[f][0].bytes; };
+  // (Only factors some tensor proposes axes for: in a `_foreach_` op that is a few of
+  // thousands.)
+  std::vector<int> order;
+  for (size_t f = 0; f < num_factors; ++f)
+    if (!candidates[f].empty() && rule.factors[f].kind != FactorKind::kNeedReplication)
+      order.push_back(static_cast<int>(f));
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const int pa = rule.factors[a].priority, pb = rule.factors[b].priority;
-    return pa != pb ? pa > pb : best_bytes(a) > best_bytes(b);
+    return pa != pb ? pa > pb : candidates[a][0].bytes > candidates[b][0].bytes;
   });
 
   FactorAxes assigned(num_factors);
-  int num_groups = 1;
-  for (const Factor& factor : rule.factors) num_groups = std::max(num_groups, factor.group + 1);
-  // used[group][axis]: a mesh axis shards at most one factor of an iteration space.
-  std::vector<std::vector<bool>> used(num_groups, std::vector<bool>(mesh.num_axes(), false));
+  // used[group]: the mesh axes taken in an iteration space (a mesh axis shards at most one
+  // factor of it), filled as its factors are assigned.
+  std::unordered_map<int, std::vector<bool>> used;
   for (int f : order) {
-    if (rule.factors[f].kind == FactorKind::kNeedReplication) continue;
-    std::vector<bool>& taken = used[rule.factors[f].group];
+    auto [it, fresh] = used.try_emplace(rule.factors[f].group);
+    std::vector<bool>& taken = it->second;
+    if (fresh) taken.assign(mesh.num_axes(), false);
     for (const Candidate& c : candidates[f]) {
       // Take the longest prefix of the proposal whose axes are still free.
       AxisList take;

@@ -183,7 +183,7 @@ class Builder {
     s.kind = kind;
     s.group_size = AxesSize(mesh_, axes);
     s.bytes = bytes;
-    s.first_group = DeviceGroups(mesh_, axes).at(0);
+    s.first_group = FirstDeviceGroup(mesh_, axes);
     return CollectiveSeconds(s, hw_).seconds;
   }
 

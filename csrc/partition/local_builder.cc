@@ -35,7 +35,7 @@ void ProgramBuilder::RecordCollective(const char* kind, const AxisList& axes, in
   for (int a : axes) stat.axes.push_back(mesh_->AxisLabel(a));
   stat.group_size = AxesSize(*mesh_, axes);
   stat.bytes = bytes;
-  stat.first_group = DeviceGroups(*mesh_, axes).at(0);
+  stat.first_group = FirstDeviceGroup(*mesh_, axes);
   stat.node = node;
   stat.scope = ir::ScopeName(scope_);
   stat.position = static_cast<int64_t>(nodes_.size()) - 1;

@@ -50,6 +50,8 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh, const ParamLayout
   }
   shardings_.resize(total);
   frozen_.assign(total, false);
+  changed_at_.assign(total, 0);
+  visited_at_.assign(graph.nodes.size(), -1);
   rules_.resize(graph.nodes.size());
   for (size_t p = 0; p < graph.nodes.size(); ++p) {
     const ir::Node& n = *graph.nodes[p];
@@ -100,8 +102,21 @@ bool Propagation::Visit(const ir::Node& node) {
   int p = graph_.PositionOf(&node);
   const std::optional<ShardingRule>& rule = rules_[p];
   if (!rule) return false;
+  if (visited_at_[p] >= 0) {
+    bool stale = false;
+    for (const ir::Value& in : node.inputs())
+      stale = stale || changed_at_[Index(in)] > visited_at_[p];
+    for (int o = 0; o < node.num_outputs(); ++o)
+      stale = stale || changed_at_[first_value_[p] + o] > visited_at_[p];
+    if (!stale) return false;
+  }
+  visited_at_[p] = clock_;
   std::vector<const Sharding*> operands, results;
   std::vector<TensorType> operand_types, result_types;
+  operands.reserve(node.inputs().size());
+  operand_types.reserve(node.inputs().size());
+  results.reserve(node.num_outputs());
+  result_types.reserve(node.num_outputs());
   for (const ir::Value& in : node.inputs()) {
     operands.push_back(&shardings_[Index(in)]);
     operand_types.push_back(in.type());
@@ -119,6 +134,7 @@ bool Propagation::Visit(const ir::Node& node) {
     if (!cur.valid() && !HasAnyAxis(next)) return;
     if (cur.valid() && (cur == next || !IsRefinement(cur, next))) return;
     cur = std::move(next);
+    changed_at_[index] = ++clock_;
     changed = true;
   };
   for (size_t i = 0; i < node.inputs().size() && i < rule->operands.size(); ++i)

@@ -42,6 +42,12 @@ class Propagation {
   std::vector<Sharding> shardings_;         // per value; invalid = unknown
   std::vector<bool> frozen_;                // per value: a user annotation or device data
   std::vector<std::optional<ShardingRule>> rules_;  // per node position
+  // A visit is a function of its node's values' shardings: a node none of whose values
+  // changed since its last visit began is skipped (the same answer again). changed_at_ (per
+  // value) and visited_at_ (per node) are ticks of clock_.
+  std::vector<int64_t> changed_at_;
+  std::vector<int64_t> visited_at_;
+  int64_t clock_ = 0;
   int iterations_ = 0;
 };
 

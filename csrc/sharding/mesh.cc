@@ -191,6 +191,20 @@ std::vector<std::vector<int64_t>> DeviceGroups(const Mesh& mesh, const std::vect
   return groups;
 }
 
+std::vector<int64_t> FirstDeviceGroup(const Mesh& mesh, const std::vector<int>& axes) {
+  std::vector<int64_t> group(AxesSize(mesh, axes));
+  std::vector<int64_t> coords(mesh.num_axes(), 0);  // the other axes' coordinates stay 0
+  for (int64_t i = 0; i < static_cast<int64_t>(group.size()); ++i) {
+    int64_t rest = i;  // i's digits over `axes`, the last axis least significant
+    for (size_t k = axes.size(); k-- > 0;) {
+      coords[axes[k]] = rest % mesh.axis_size(axes[k]);
+      rest /= mesh.axis_size(axes[k]);
+    }
+    group[i] = mesh.DeviceAt(coords);
+  }
+  return group;
+}
+
 int64_t IndexInGroup(const Mesh& mesh, const std::vector<int>& axes, int64_t device) {
   CheckAxes(mesh, axes);
   return MixedRadix(mesh, axes, mesh.CoordsOf(device));

@@ -56,6 +56,10 @@ using MeshPtr = std::shared_ptr<const Mesh>;
 // Groups are ordered row-major by the remaining coordinates. Empty `axes` gives singletons.
 std::vector<std::vector<int64_t>> DeviceGroups(const Mesh& mesh, const std::vector<int>& axes);
 
+// DeviceGroups(mesh, axes)[0], found without the others (a collective's statistics name its
+// first group; on a 2048-device mesh listing every group costs more than partitioning the op).
+std::vector<int64_t> FirstDeviceGroup(const Mesh& mesh, const std::vector<int>& axes);
+
 // Position of `device` within its group of DeviceGroups(mesh, axes).
 int64_t IndexInGroup(const Mesh& mesh, const std::vector<int>& axes, int64_t device);
 

@@ -151,7 +151,7 @@ TEST(MeshTest, DeviceGroupsFollowDeviceIds) {
   EXPECT_EQ(DeviceGroups(mesh, {1}), (Groups{{3, 1}, {0, 2}}));
 }
 
-TEST(MeshTest, IndexInGroupMatchesDeviceGroups) {
+TEST(MeshTest, IndexInGroupAndFirstDeviceGroupMatchDeviceGroups) {
   const Mesh meshes[] = {
       Mesh(Iota(8), {8}),
       Mesh(Iota(8), {4, 2}),
@@ -174,6 +174,7 @@ TEST(MeshTest, IndexInGroupMatchesDeviceGroups) {
         members += group.size();
       }
       EXPECT_EQ(members, mesh.size());
+      EXPECT_EQ(FirstDeviceGroup(mesh, axes), groups.at(0)) << mesh.ToString();
     }
   }
 }

@@ -167,6 +167,41 @@ def test_plan_keeps_the_values_of_ids_and_masks_made_by_factories():
             (floats > 0).all().item()
 
 
+def test_plan_keeps_recent_programs_and_drops_the_least_recently_used():
+    """A planned training loop alternating two graphs (a train and an eval step) partitions
+    each once; past the cache's 16 programs, the least recently used one is dropped."""
+    from torch_spmd.debug import metrics as met
+    mesh = mesh_of((8,))
+    with plan.Plan(num_devices=8):
+        x = torch.zeros(64, 32, device=torch_spmd.device())
+        xs.mark_sharding(x, mesh, ("x", None))
+        xm.mark_step()
+
+        def run(k):  # graph k: a different slice, a different program
+            y = x[: k + 1].sum(0)
+            xm.mark_step()
+            return y
+
+        def uncached():
+            return met.counter_value("UncachedCompile") or 0
+
+        before = uncached()
+        for _ in range(3):
+            run(0)
+            run(1)
+        assert uncached() - before == 2
+        for k in range(2, 16):  # 16 programs held now
+            run(k)
+        before = uncached()
+        run(0)   # used again: now the most recent
+        run(16)  # one more: 1, the least recently used, goes
+        assert uncached() == before + 1
+        run(0)
+        assert uncached() == before + 1
+        run(1)   # planned again
+        assert uncached() == before + 2
+
+
 def test_plan_2048_devices_reports_every_device():
     out = run_script("""
         import time
