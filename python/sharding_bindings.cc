@@ -28,6 +28,24 @@ void BindSharding(py::module_& m) {
       py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
       py::arg("dim_axes"),
       "Annotates an spmd tensor in place: dim_axes[d] lists the mesh axes tiling dim d.");
+  // A search's relayout of many tensors on one mesh (auto_shard): the device ids are converted
+  // and the mesh interned once, not per tensor (2048 ids per call cost 6% of a 70B search).
+  m.def(
+      "_set_shardings",
+      [](const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& device_ids,
+         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
+         const std::vector<std::optional<std::vector<std::vector<int>>>>& dim_axes) {
+        TORCH_CHECK(tensors.size() == dim_axes.size(), "_set_shardings: ", tensors.size(),
+                    " tensors but ", dim_axes.size(), " dim axes");
+        MeshPtr mesh = aten::InternMesh(device_ids, mesh_shape, axis_names);
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          aten::ClearSharding(tensors[i]);
+          if (dim_axes[i]) aten::MarkSharding(tensors[i], Sharding::Tiled(mesh, *dim_axes[i]));
+        }
+      },
+      py::arg("tensors"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
+      py::arg("dim_axes"),
+      "Clears each tensor's annotation, then marks those whose dim_axes are not None.");
   m.def(
       "_sharding_spec_for",
       [](const std::vector<int64_t>& device_ids, const std::vector<int64_t>& mesh_shape,

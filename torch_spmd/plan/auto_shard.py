@@ -36,6 +36,7 @@ again exactly (``evaluate_specs(exact=True)``: fresh tensors, two steps, as a ru
 the best of those is returned. It is a local search against the exact plan, not an exact
 optimum (docs/plan_mode.md).
 """
+import contextlib
 import gc
 import itertools
 import math
@@ -272,7 +273,7 @@ class _Search:
     def __init__(self, build, step, plan, budget, tie_blocks, started=None):
         from ..core import xla_model as xm
         self.xm, self.plan, self.budget, self.step, self.build = xm, plan, budget, step, build
-        self._meshes, self._sharding_args = {}, {}
+        self._meshes, self._dim_axes = {}, {}
         self._last_specs = None  # ((mesh shape, names), specs) of the last evaluation
         self.fitting_found = False  # some evaluated layout fits the budget
         self.started = time.perf_counter() if started is None else started  # (found_after)
@@ -313,8 +314,11 @@ class _Search:
         return list(groups.values())
 
     def _mesh(self, shape, names):
+        """The mesh of `shape` and the mesh part of ``_C._mark_sharding``'s arguments (device
+        ids, shape, axis names), made once."""
         if (shape, names) not in self._meshes:
-            self._meshes[shape, names] = _make_mesh(shape, names)
+            mesh = _make_mesh(shape, names)
+            self._meshes[shape, names] = mesh, mesh._sharding_args((None,))[:3]
         return self._meshes[shape, names]
 
     def _build(self):
@@ -434,7 +438,7 @@ class _Search:
         if not exact and self.fitting_found and \
                 self._resident_lower_bound(mesh_shape, names, specs) > self.budget:
             return None  # (cannot fit, and a layout that fits is known: not worth a plan)
-        mesh = self._mesh(tuple(mesh_shape), tuple(names))
+        mesh, mesh_args = self._mesh(tuple(mesh_shape), tuple(names))
         if exact:
             # (the old tensors go first: still held, they would count as live beside the step)
             self.model = self.opt = self.inputs = self.params = self.states = None
@@ -452,13 +456,14 @@ class _Search:
             pairs += [(v, specs[i] if i >= 0 else (None,) * v.dim()) for v, i in self.states
                       if last is None or (i >= 0 and last[1][i] != specs[i])]
         self._last_specs = None if exact else (key[:2], tuple(specs))
-        for t, spec in pairs:  # (xs.mark_sharding's checks and wrapper, once per spec)
-            _C._clear_sharding(t)
-            if _has_axes(spec):
-                on = (mesh.mesh_shape, mesh.axis_names, spec)
-                if on not in self._sharding_args:
-                    self._sharding_args[on] = mesh._sharding_args(normalize(spec))
-                _C._mark_sharding(t, *self._sharding_args[on])
+        dim_axes = []  # (xs.mark_sharding's checks, once per spec)
+        for _, spec in pairs:
+            on = (mesh.mesh_shape, mesh.axis_names, spec)
+            if on not in self._dim_axes:
+                self._dim_axes[on] = mesh._sharding_args(normalize(spec))[3] \
+                    if _has_axes(spec) else None
+            dim_axes.append(self._dim_axes[on])
+        _C._set_shardings([t for t, _ in pairs], *mesh_args, dim_axes)
         try:
             before = _C._sharding_fingerprints([v for v, _ in self.states]) if not exact else []
             self._run()
@@ -507,6 +512,20 @@ class _Search:
         total = sum(t.numel() * t.element_size() // tiles(s) for t, s in zip(leaves, specs))
         return total + sum(v.numel() * v.element_size() // (tiles(specs[i]) if i >= 0 else 1)
                            for v, i in self.states)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic collector off for a search: recording a step allocates enough objects to
+    trigger it every few hundred ops, and it then walks the model's (5% of a 70B search). A
+    search's cycles are few; the exact re-plans collect before they build."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _seeds(shapes, names, nc, ng, batch, model_classes, options, valid):
@@ -711,7 +730,7 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
                          f"got {axis_names!r}")
     t0 = time.perf_counter()
     deadline = t0 + time_limit
-    with Plan(num_devices=num_devices, hardware=hw) as plan:
+    with Plan(num_devices=num_devices, hardware=hw) as plan, _gc_paused():
         search = _Search(build, step, plan, budget, tie_blocks, started=t0)
         search.find_classes(tie_blocks)
         sizes, param_bytes = search.sizes()
