@@ -446,7 +446,7 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
   // executable.cc), so a matmul reading a transposed weight that autograd saved would round
   // differently from eager.
   auto is_view = [](const ir::Node& n) {
-    std::optional<partition::ShardingRule> rule = partition::GetRule(n);
+    partition::RulePtr rule = partition::GetRule(n);
     return rule && rule->view != partition::ViewKind::kNone;
   };
   std::vector<SlotPtr> slots = requested;

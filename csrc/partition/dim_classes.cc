@@ -51,7 +51,7 @@ DimClasses ComputeDimClasses(const ir::Graph& graph) {
         sets.Join(dim_set(n->input(0), d), dim_set(ir::Value{n, 0}, d));
       continue;
     }
-    std::optional<ShardingRule> rule = GetRule(*n);
+    RulePtr rule = GetRule(*n);
     if (!rule) continue;
     std::vector<int> of_factor(rule->factors.size(), -1);  // a set holding the factor
     auto tie = [&](const TensorFactors& dims, const ir::Value& v) {

@@ -433,7 +433,7 @@ NodeRules::NodeRules(const ir::Graph& graph) {
 
 const ShardingRule* NodeRules::Of(const ir::Node& node) const {
   auto it = rules_.find(&node);
-  return it == rules_.end() || !it->second ? nullptr : &*it->second;
+  return it == rules_.end() ? nullptr : it->second.get();
 }
 
 LayoutCosts ComputeLayoutCosts(const ir::Graph& graph, const DimClasses& classes,

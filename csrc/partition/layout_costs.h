@@ -58,15 +58,15 @@ struct LayoutCosts {
   std::vector<int64_t> row_positions;   // per memory row: its node's index in graph.nodes
 };
 
-// The rules of a graph's nodes (GetRule builds one per call), looked up once: one of these
-// serves every mesh shape's costs of the graph.
+// The rules of a graph's nodes, looked up once (GetRule hashes the node's types each call):
+// one of these serves every mesh shape's costs of the graph.
 class NodeRules {
  public:
   explicit NodeRules(const ir::Graph& graph);
   const ShardingRule* Of(const ir::Node& node) const;  // nullptr: none (data, or no rule)
 
  private:
-  std::unordered_map<const ir::Node*, std::optional<ShardingRule>> rules_;
+  std::unordered_map<const ir::Node*, RulePtr> rules_;
 };
 
 // Throws std::invalid_argument when `problem` does not match the graph or the mesh.

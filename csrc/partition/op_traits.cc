@@ -6,7 +6,7 @@ namespace spmd::partition {
 
 OpTraits TraitsOf(const ir::Node& node) {
   OpTraits traits;
-  std::optional<ShardingRule> rule = GetRule(node);
+  RulePtr rule = GetRule(node);
   if (!rule) return traits;
   traits.elementwise = rule->elementwise;
   traits.mergeable = !rule->local_args && !rule->reads_extents;

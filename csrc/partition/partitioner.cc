@@ -216,7 +216,7 @@ class Partitioner {
   }
 
   void LowerNode(const ir::Node& n) {
-    const std::optional<ShardingRule>& rule = prop_.RuleOf(&n);
+    const ShardingRule* rule = prop_.RuleOf(&n);
     if (!rule) return LowerReplicated(n);
     std::vector<const Sharding*> operand_s, result_s;
     std::vector<TensorType> operand_t, result_t;
@@ -429,7 +429,7 @@ class Partitioner {
       auto it = reader_.find({node, index});
       if (it == reader_.end()) return true;  // the one reader is a graph output
       const ir::Node* r = it->second;
-      const std::optional<ShardingRule>& rule = prop_.RuleOf(r);
+      const ShardingRule* rule = prop_.RuleOf(r);
       if (!rule || r->num_outputs() != 1) return false;
       size_t i = 0;
       while (r->input(i).node.get() != node || r->input(i).index != index) ++i;

@@ -72,22 +72,27 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh, const ParamLayout
       frozen_[v] = true;
       if (shardings_[v].is_manual()) continue;  // nothing to propagate out of a manual region
       // A constraint is an identity: its operand may take its layout.
-      ShardingRule identity;
-      TensorFactors tf = PassThroughFactors(identity, n.output(0));
-      identity.operands = {tf};
-      identity.results = {tf};
+      auto identity = std::make_shared<ShardingRule>();
+      TensorFactors tf = PassThroughFactors(*identity, n.output(0));
+      identity->operands = {tf};
+      identity->results = {tf};
       rules_[p] = std::move(identity);
     } else {
       rules_[p] = GetRule(n);
     }
+  }
+  first_input_.reserve(graph.nodes.size());
+  for (const ir::NodePtr& n : graph.nodes) {
+    first_input_.push_back(static_cast<int>(input_values_.size()));
+    for (const ir::Value& in : n->inputs()) input_values_.push_back(Index(in));
   }
   // Forward then backward sweeps until a fixed point.
   bool changed = true;
   while (changed && iterations_ < kMaxIterations) {
     changed = false;
     ++iterations_;
-    for (size_t p = 0; p < graph.nodes.size(); ++p) changed |= Visit(*graph.nodes[p]);
-    for (size_t p = graph.nodes.size(); p-- > 0;) changed |= Visit(*graph.nodes[p]);
+    for (size_t p = 0; p < graph.nodes.size(); ++p) changed |= Visit(p);
+    for (size_t p = graph.nodes.size(); p-- > 0;) changed |= Visit(p);
   }
   // Stopped before a fixed point: some values keep a layout short of what propagation would
   // give them (correct, but maybe more communication). Counted, so that it does not go unseen.
@@ -98,14 +103,16 @@ int Propagation::Index(const ir::Value& v) const {
   return first_value_[graph_.PositionOf(v.node.get())] + v.index;
 }
 
-bool Propagation::Visit(const ir::Node& node) {
-  int p = graph_.PositionOf(&node);
-  const std::optional<ShardingRule>& rule = rules_[p];
+bool Propagation::Visit(size_t p) {
+  const ir::Node& node = *graph_.nodes[p];
+  const ShardingRule* rule = rules_[p].get();
   if (!rule) return false;
+  const int* input_values = &input_values_[first_input_[p]];  // (value index per input)
+  const size_t num_inputs = node.inputs().size();
   if (visited_at_[p] >= 0) {
     bool stale = false;
-    for (const ir::Value& in : node.inputs())
-      stale = stale || changed_at_[Index(in)] > visited_at_[p];
+    for (size_t i = 0; i < num_inputs; ++i)
+      stale = stale || changed_at_[input_values[i]] > visited_at_[p];
     for (int o = 0; o < node.num_outputs(); ++o)
       stale = stale || changed_at_[first_value_[p] + o] > visited_at_[p];
     if (!stale) return false;
@@ -117,9 +124,9 @@ bool Propagation::Visit(const ir::Node& node) {
   operand_types.reserve(node.inputs().size());
   results.reserve(node.num_outputs());
   result_types.reserve(node.num_outputs());
-  for (const ir::Value& in : node.inputs()) {
-    operands.push_back(&shardings_[Index(in)]);
-    operand_types.push_back(in.type());
+  for (size_t i = 0; i < num_inputs; ++i) {
+    operands.push_back(&shardings_[input_values[i]]);
+    operand_types.push_back(node.input(i).type());
   }
   for (int o = 0; o < node.num_outputs(); ++o) {
     results.push_back(&shardings_[first_value_[p] + o]);
@@ -137,8 +144,8 @@ bool Propagation::Visit(const ir::Node& node) {
     changed_at_[index] = ++clock_;
     changed = true;
   };
-  for (size_t i = 0; i < node.inputs().size() && i < rule->operands.size(); ++i)
-    update(Index(node.input(i)), rule->operands[i], node.input(i).type());
+  for (size_t i = 0; i < num_inputs && i < rule->operands.size(); ++i)
+    update(input_values[i], rule->operands[i], node.input(i).type());
   for (int o = 0; o < node.num_outputs() && o < static_cast<int>(rule->results.size()); ++o)
     update(first_value_[p] + o, rule->results[o], node.output(o));
   return changed;
@@ -146,8 +153,8 @@ bool Propagation::Visit(const ir::Node& node) {
 
 const Sharding& Propagation::Get(const ir::Value& v) const { return shardings_[Index(v)]; }
 
-const std::optional<ShardingRule>& Propagation::RuleOf(const ir::Node* node) const {
-  return rules_[graph_.PositionOf(node)];
+const ShardingRule* Propagation::RuleOf(const ir::Node* node) const {
+  return rules_[graph_.PositionOf(node)].get();
 }
 
 }  // namespace spmd::partition

@@ -28,20 +28,22 @@ class Propagation {
   // The propagated sharding of a value (replicated when nothing reached it). Partial axes of
   // device data are kept: they describe the data as it is.
   const Sharding& Get(const ir::Value& v) const;
-  // The rule of a node (cached; nullopt when the op has none).
-  const std::optional<ShardingRule>& RuleOf(const ir::Node* node) const;
+  // The rule of a node (nullptr when the op has none).
+  const ShardingRule* RuleOf(const ir::Node* node) const;
   int iterations() const { return iterations_; }
 
  private:
   int Index(const ir::Value& v) const;
-  bool Visit(const ir::Node& node);  // returns whether any sharding changed
+  bool Visit(size_t position);  // the node at `position`; whether any sharding changed
 
   const ir::Graph& graph_;
   MeshPtr mesh_;
   std::vector<int> first_value_;            // node position -> index of its output 0
   std::vector<Sharding> shardings_;         // per value; invalid = unknown
   std::vector<bool> frozen_;                // per value: a user annotation or device data
-  std::vector<std::optional<ShardingRule>> rules_;  // per node position
+  std::vector<int> first_input_;            // node position -> its first in input_values_
+  std::vector<int> input_values_;           // per input edge, the value index it reads
+  std::vector<RulePtr> rules_;  // per node position
   // A visit is a function of its node's values' shardings: a node none of whose values
   // changed since its last visit began is skipped (the same answer again). changed_at_ (per
   // value) and visited_at_ (per node) are ticks of clock_.

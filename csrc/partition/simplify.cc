@@ -28,7 +28,7 @@ struct ZerosSum {
 
 // A gradient written into zeros (its rule's into_zeros) as a one-piece sum.
 std::optional<ZerosSum> IntoZeros(const ir::Node& n) {
-  std::optional<ShardingRule> rule = GetRule(n);
+  RulePtr rule = GetRule(n);
   if (!rule || !rule->into_zeros || n.num_outputs() != 1) return std::nullopt;
   const ShardingRule::IntoZeros& z = *rule->into_zeros;
   ZerosSum sum{z.stacked, z.dim, n.output(0), {}};
@@ -181,7 +181,7 @@ class Simplifier {
   static std::optional<ShardingRule::RowsOf> SlicedRows(const ir::Value& v) {
     if (v.index != 0 || v.node->num_outputs() != 1 || v.node->inputs().empty())
       return std::nullopt;
-    std::optional<ShardingRule> rule = GetRule(*v.node);
+    RulePtr rule = GetRule(*v.node);
     return rule ? rule->rows_of : std::nullopt;
   }
 

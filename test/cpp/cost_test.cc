@@ -31,7 +31,7 @@ using testing::Tanh;
 
 // The rule of the node that produced `v`.
 ShardingRule RuleOf(const ir::Value& v) {
-  std::optional<ShardingRule> rule = GetRule(*v.node);
+  RulePtr rule = GetRule(*v.node);
   if (!rule) throw std::logic_error("no rule for " + v.node->op()->qualified);
   return *rule;
 }

@@ -281,7 +281,7 @@ TEST(PropagationTest, PointwiseChainCarriesParameterShardingForward) {
   EXPECT_EQ(prop.Get(a), rows);
   EXPECT_EQ(prop.Get(b), rows);
   EXPECT_EQ(prop.Get(c), rows);
-  ASSERT_TRUE(prop.RuleOf(c.node.get()).has_value());
+  ASSERT_NE(prop.RuleOf(c.node.get()), nullptr);
   EXPECT_GE(prop.iterations(), 1);
 
   Program p = PartitionGraph(g, 4);

@@ -32,7 +32,7 @@ std::string NotationOf(const Case& c) {
   for (const TensorType& t : c.inputs) inputs.push_back(testing::Param(t));
   const ir::OpInfo* op = ir::InternOp(c.op, c.schema, static_cast<int>(c.outputs.size()));
   ir::NodePtr node = ir::MakeNode(op, inputs, c.args, c.outputs);
-  std::optional<ShardingRule> rule = GetRule(*node);
+  RulePtr rule = GetRule(*node);
   return rule ? FactorNotation(*rule) : "no rule";
 }
 

@@ -23,9 +23,53 @@ Registry& GetRegistry() {
   static auto* r = new Registry();
   return *r;
 }
+
+// GetRule's memo: per hash of (op, args, input and output types), the nodes' fields it was
+// built from and the rule.
+struct RuleKey {
+  const ir::OpInfo* op;
+  std::vector<ir::Arg> args;
+  std::vector<TensorType> inputs, outputs;
+};
+struct RuleMemo {
+  std::mutex mu;
+  std::unordered_multimap<Hash, std::pair<RuleKey, RulePtr>> entries;
+};
+RuleMemo& GetRuleMemo() {
+  static auto* m = new RuleMemo();
+  return *m;
+}
+constexpr size_t kRuleMemoEntries = 1 << 16;  // then it starts afresh
+
+Hash RuleHash(const ir::Node& n) {
+  Hash h = std::hash<const void*>()(n.op());
+  for (const ir::Arg& a : n.args()) h = HashCombine(h, a.hash());
+  for (const ir::Value& in : n.inputs())
+    h = HashCombine(HashCombine(h, HashInt(static_cast<int64_t>(in.type().dtype))),
+                    HashInts(in.type().shape));
+  for (const TensorType& t : n.outputs())
+    h = HashCombine(HashCombine(h, HashInt(static_cast<int64_t>(t.dtype))), HashInts(t.shape));
+  return h;
+}
+
+bool Matches(const RuleKey& k, const ir::Node& n) {
+  if (k.op != n.op() || k.args != n.args() || k.outputs != n.outputs() ||
+      k.inputs.size() != n.inputs().size())
+    return false;
+  for (size_t i = 0; i < k.inputs.size(); ++i)
+    if (!(k.inputs[i] == n.input(i).type())) return false;
+  return true;
+}
+
+void ForgetRules() {
+  RuleMemo& m = GetRuleMemo();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.entries.clear();
+}
 }  // namespace
 
 void RegisterRule(const std::string& op_name, RuleBuilder builder) {
+  ForgetRules();  // (a node of this op may have been answered "no rule")
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   // One rule per name: a second registration is a mistake in a rule file (an op in two lists),
@@ -40,6 +84,7 @@ void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& 
 
 void RegisterRulePrefix(const std::string& prefix, RuleBuilder builder,
                         std::vector<std::string> exclude) {
+  ForgetRules();
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.prefix_rules.push_back({prefix, std::move(builder), std::move(exclude)});
@@ -85,11 +130,25 @@ void RegisterAllRules() {
   });
 }
 
-std::optional<ShardingRule> GetRule(const ir::Node& node) {
+RulePtr GetRule(const ir::Node& node) {
   RegisterAllRules();
+  RuleMemo& memo = GetRuleMemo();
+  const Hash h = RuleHash(node);
+  {
+    std::lock_guard<std::mutex> lock(memo.mu);
+    auto [first, last] = memo.entries.equal_range(h);
+    for (auto it = first; it != last; ++it)
+      if (Matches(it->second.first, node)) return it->second.second;
+  }
   const RuleBuilder* builder = FindBuilder(*node.op());
-  if (!builder) return std::nullopt;
-  return (*builder)(node);
+  std::optional<ShardingRule> rule = builder ? (*builder)(node) : std::nullopt;
+  RulePtr shared = rule ? std::make_shared<const ShardingRule>(std::move(*rule)) : nullptr;
+  RuleKey key{node.op(), node.args(), {}, node.outputs()};
+  for (const ir::Value& in : node.inputs()) key.inputs.push_back(in.type());
+  std::lock_guard<std::mutex> lock(memo.mu);
+  if (memo.entries.size() >= kRuleMemoEntries) memo.entries.clear();
+  memo.entries.emplace(h, std::make_pair(std::move(key), shared));
+  return shared;
 }
 
 std::vector<std::string> RegisteredRuleNames() {

@@ -14,6 +14,7 @@
 // partitioning and cost estimates all read these rules: op semantics are written once, here.
 #pragma once
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -201,7 +202,12 @@ void RegisterRules(const std::vector<std::string>& op_names, const RuleBuilder& 
 // own (a family such as "aten::_foreach_"), except the base names in `exclude`.
 void RegisterRulePrefix(const std::string& prefix, RuleBuilder builder,
                         std::vector<std::string> exclude = {});
-std::optional<ShardingRule> GetRule(const ir::Node& node);
+// The rule of `node`, nullptr when its op has none. Built once per distinct (op, args, input
+// and output types) and shared: a partitioning asks for every node's rule several times, and a
+// search partitions the same graph in many layouts (rule building and freeing was a fifth of
+// propagation on a 70B step). Rules depend on nothing else of a node.
+using RulePtr = std::shared_ptr<const ShardingRule>;
+RulePtr GetRule(const ir::Node& node);
 bool HasRuleFor(const std::string& qualified_name);
 // Every registered name ("aten::add" for every overload, "aten::add.Tensor" for one), prefixes
 // as "aten::_foreach_*"; sorted.
