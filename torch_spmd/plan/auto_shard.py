@@ -314,8 +314,8 @@ class _Search:
         return list(groups.values())
 
     def _mesh(self, shape, names):
-        """The mesh of `shape` and the mesh part of ``_C._mark_sharding``'s arguments (device
-        ids, shape, axis names), made once."""
+        """The mesh of `shape` and its part of ``_C._set_shardings``'s arguments (device ids,
+        shape, axis names), made once."""
         if (shape, names) not in self._meshes:
             mesh = _make_mesh(shape, names)
             self._meshes[shape, names] = mesh, mesh._sharding_args((None,))[:3]

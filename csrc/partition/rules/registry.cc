@@ -52,10 +52,21 @@ Hash RuleHash(const ir::Node& n) {
   return h;
 }
 
+// Equal but for the values of dynamic scalars: those are fed at run time (a program is reused
+// with others, so no rule depends on them), and an optimizer's step count or learning rate
+// would otherwise add an entry per step.
+bool SameArg(const ir::Arg& a, const ir::Arg& b) {
+  if (!a.dynamic || !b.dynamic) return a == b;
+  return a.kind == b.kind && a.wrapped == b.wrapped &&
+         (a.kind != ir::Arg::Kind::kScalarList || a.ints == b.ints);
+}
+
 bool Matches(const RuleKey& k, const ir::Node& n) {
-  if (k.op != n.op() || k.args != n.args() || k.outputs != n.outputs() ||
+  if (k.op != n.op() || k.outputs != n.outputs() || k.args.size() != n.args().size() ||
       k.inputs.size() != n.inputs().size())
     return false;
+  for (size_t i = 0; i < k.args.size(); ++i)
+    if (!SameArg(k.args[i], n.arg(i))) return false;
   for (size_t i = 0; i < k.inputs.size(); ++i)
     if (!(k.inputs[i] == n.input(i).type())) return false;
   return true;
