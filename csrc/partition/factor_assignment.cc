@@ -1,8 +1,6 @@
 #include "partition/factor_assignment.h"
 
 #include <algorithm>
-#include <numeric>
-#include <unordered_map>
 
 namespace spmd::partition {
 
@@ -151,13 +149,13 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
   });
 
   FactorAxes assigned(num_factors);
-  // used[group]: the mesh axes taken in an iteration space (a mesh axis shards at most one
-  // factor of it), filled as its factors are assigned.
-  std::unordered_map<int, std::vector<bool>> used;
+  int num_groups = 1;
+  for (const Factor& factor : rule.factors) num_groups = std::max(num_groups, factor.group + 1);
+  // used[group * axes + axis]: a mesh axis shards at most one factor of an iteration space.
+  const int num_axes = mesh.num_axes();
+  std::vector<char> used(static_cast<size_t>(num_groups) * num_axes, 0);
   for (int f : order) {
-    auto [it, fresh] = used.try_emplace(rule.factors[f].group);
-    std::vector<bool>& taken = it->second;
-    if (fresh) taken.assign(mesh.num_axes(), false);
+    char* taken = &used[static_cast<size_t>(rule.factors[f].group) * num_axes];
     for (const Candidate& c : candidates[f]) {
       // Take the longest prefix of the proposal whose axes are still free.
       AxisList take;
@@ -170,7 +168,7 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
              !WindowedTilingOk(rule, f, AxesSize(mesh, take), operand_types, result_types))
         take.pop_back();
       if (take.empty()) continue;
-      for (int a : take) taken[a] = true;
+      for (int a : take) taken[a] = 1;
       assigned[f] = std::move(take);
       break;
     }
