@@ -47,9 +47,22 @@ published here:
   host-bound at micro-batch 1: about 44 ms per 12-layer micro-step, whatever the TP degree).
 - ``tpu-v4``: ``matmul_efficiency`` 0.77, fitted on MaxText's 22B/52B FSDP runs (64-512 chips;
   XLA issues one program per step: no kernel overhead).
-- Every other preset has no measured run in that folder yet: its efficiencies stay 1.0 (the
-  peak) and its kernel overhead 0, so it predicts what the peaks allow; give your own numbers
-  in a dict to correct it.
+- ``h100-96gb``: ``matmul_efficiency`` 0.48, fitted on torchtitan's two Llama 3.1 8B FSDP runs
+  (8 GPUs, selective activation checkpointing; eager and torch.compile, which plan the same
+  program: 0.48 splits the error between them, -6% and +8%). The 500 W cap and torchtitan's
+  eager kernels are in it; ``kernel_overhead`` is transferred from the A100 (a property of
+  eager PyTorch's host, which these large-kernel rows cannot measure).
+
+**Transferred constants.** A preset without a measured run of its own takes the fitted
+constants of its family's calibrated chip, not the peak: no chip runs a training step at 100%
+of its peak, and the fraction a software stack achieves moves much less between generations
+than the peak does. ``tpu-v5e``, ``tpu-v5p`` and ``tpu-v6e`` take ``tpu-v4``'s (XLA on a TPU,
+MaxText's programs); ``h100-80gb`` and ``h200`` take ``a100-80gb``'s (eager PyTorch on an
+NVIDIA GPU, Megatron-LM's kernels; not ``h100-96gb``'s, whose 500 W cap the 700 W parts do not
+have). A measured ceiling for comparison: one H200's bf16 8192^3 matmul runs at 0.79 of its peak
+(``benchmarks/gpu_check.py``); a training step's matmuls average less. Give your own numbers
+in a dict when you have measured your pod: ``plan.resolve(dict(plan.resolve("v5p"),
+matmul_efficiency=...))``.
 
 Sources (public spec sheets, read 2026):
 - TPU v4: cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s, 3-D torus,
@@ -95,7 +108,7 @@ from typing import Dict, Union
 GB = 1e9
 GIB = 1 << 30
 
-# Presets without a measured run to fit on (module docstring, "Fitted constants"): the peak.
+# A user's own dict without efficiencies: the peak (module docstring, "Fitted constants").
 PLACEHOLDER_EFFICIENCY = 1.0
 
 
@@ -118,21 +131,26 @@ def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_b
                 cross_host_bandwidth=nic_bandwidth, link_latency=3e-6)
 
 
+# Fitted on the calibration rows, and transferred to the same family's chips without rows
+# of their own (module docstring, "Fitted constants", "Transferred constants").
 A100_FITTED = dict(matmul_efficiency=0.62, kernel_overhead=48e-6)
+TPU_V4_FITTED = dict(matmul_efficiency=0.77)
+H100_96GB_FITTED = dict(matmul_efficiency=0.48, kernel_overhead=A100_FITTED["kernel_overhead"])
 
 PRESETS: Dict[str, dict] = {
-    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB,
-                   matmul_efficiency=0.77),
-    "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB),
-    "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB),
-    "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, tile=256),
+    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB, **TPU_V4_FITTED),
+    "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB, **TPU_V4_FITTED),
+    "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB, **TPU_V4_FITTED),
+    "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, tile=256,
+                    **TPU_V4_FITTED),
     "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, 108,
                       **A100_FITTED),
     "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, 108,
                       **A100_FITTED),
-    "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132),
-    "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132),
-    "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132),
+    "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132, **A100_FITTED),
+    "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132,
+                      **H100_96GB_FITTED),
+    "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132, **A100_FITTED),
 }
 ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
            "trillium": "tpu-v6e", "a100": "a100-80gb", "h100": "h100-80gb", "tpu_v4": "tpu-v4",
