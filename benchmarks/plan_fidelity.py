@@ -17,7 +17,11 @@ How an iteration is planned (the same for every row, no per-row tuning):
   parameters and AdamW in the optimizer: ``MegatronOptimizer``), MaxText's and torchtitan's
   (fp32 parameters cast at use, RMSNorm in fp32, AdamW in fp32);
 - activation checkpointing as the run (full: every block recomputed in the backward;
-  selective: torchtitan's op policy, ``torchtitan_policy``);
+  selective: torchtitan's op policy, ``torchtitan_policy``; Megatron's selective recomputation:
+  the attention core only);
+- sequence parallelism (Megatron's, with selective recomputation in the 2022 paper's Table 5):
+  the residual stream between sublayers split over the sequence by the tensor-parallel group,
+  so its all-reduces become reduce-scatters and all-gathers;
 - attention fused (``F.scaled_dot_product_attention``) where the run used flash attention,
   explicit matmuls and softmax where it did not (Megatron-LM of vTrain's and the 2022 paper's
   time);
@@ -77,11 +81,14 @@ class Run:
     tp: int
     dp: int                 # data-parallel ways (replicas of the model)
     fsdp: int               # ways each replica's parameters are sharded
-    remat: str              # "full", "selective" (torchtitan's op policy) or "none"
+    # "full", "selective" (torchtitan's op policy), "attention" (Megatron's selective
+    # recomputation: the attention core only) or "none"
+    remat: str
     fused_attention: bool
     dtype: str              # "bf16" / "fp16"
     measured_s: float
     sweep: str = ""         # rows of one sweep (same model) for the rank correlation
+    sequence_parallel: bool = False  # Megatron's: norms and residuals split over the sequence
     results: dict = field(default_factory=dict)
 
     @property
@@ -151,16 +158,19 @@ def published_runs(path) -> List[Run]:
                 runs.append(r)
             elif src.startswith("torchtitan"):
                 runs.append(torchtitan_run(row))
-            elif src.startswith("Korthikanti") and "full recompute" in row["remat"]:
+            elif src.startswith("Korthikanti"):
                 hidden, heads = _int(row["hidden"]), _int(row["heads"])
+                selective = "selective" in row["remat"]
                 runs.append(Run(
                     group="megatron-a100", name=f"{row['model']} tp{row['tp']} ({row['remat']})",
                     hardware="a100-80gb", chips=chips, style="gpt", layers=_int(row["layers"]),
                     hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads,
                     ffn=_int(row["ffn"]), vocab=51200, seq=_int(row["seq"]),
                     micro_batch=_int(row["mbs_or_pdb"]), global_batch=_int(row["gbs"]),
-                    tp=_int(row["tp"]), dp=_int(row["dp"], 1), fsdp=1, remat="full",
-                    fused_attention=False, dtype="fp16", measured_s=float(row["derived_step_s"])))
+                    tp=_int(row["tp"]), dp=_int(row["dp"], 1), fsdp=1,
+                    remat="attention" if selective else "full", fused_attention=False,
+                    dtype="fp16", measured_s=float(row["derived_step_s"]),
+                    sequence_parallel="sequence parallel" in row["remat"]))
     return runs
 
 
@@ -191,9 +201,10 @@ def load_runs(data_dir: str) -> List[Run]:
 # Planning one run (in a child process)
 
 
-def _decoder(r: Run, device: str = "spmd"):
+def _decoder(r: Run, device: str = "spmd", constrain=lambda x: x):
     """The run's model on ``device``: the spmd device (inside a plan: no memory), or a real one
-    (benchmarks/gpu_check.py times the same model on a GPU)."""
+    (benchmarks/gpu_check.py times the same model on a GPU). ``constrain`` annotates the
+    residual stream between sublayers (sequence parallelism)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -222,17 +233,23 @@ def _decoder(r: Run, device: str = "spmd"):
                 rep = r.heads // r.kv_heads
                 k, v = (t.repeat_interleave(rep, dim=2) for t in (k, v))
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            if r.fused_attention:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if r.remat == "attention":  # Megatron's selective recomputation
+                y = checkpoint(self.core, q, k, v, use_reentrant=False)
             else:
-                # Megatron-LM: the scale folded into the score GEMM (baddbmm's alpha; here on q),
-                # mask and softmax on the 16-bit scores (its fused kernel, like CUDA's softmax,
-                # accumulates in fp32 and writes 16 bits).
-                att = (q * r.head_dim ** -0.5) @ k.transpose(-1, -2)
-                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
-                y = att.masked_fill(mask, float("-inf")).softmax(-1) @ v
+                y = self.core(q, k, v)
             y = y.transpose(1, 2).reshape(b, s, r.heads * r.head_dim)
             return linear(y, self.wo.weight, self.wo.bias)
+
+        def core(self, q, k, v):
+            if r.fused_attention:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            # Megatron-LM: the scale folded into the score GEMM (baddbmm's alpha; here on q),
+            # mask and softmax on the 16-bit scores (its fused kernel, like CUDA's softmax,
+            # accumulates in fp32 and writes 16 bits).
+            s = q.shape[2]
+            att = (q * r.head_dim ** -0.5) @ k.transpose(-1, -2)
+            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+            return att.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
     class Mlp(nn.Module):
         def __init__(self):
@@ -272,8 +289,8 @@ def _decoder(r: Run, device: str = "spmd"):
             self.norm1, self.attn, self.norm2, self.mlp = Norm(), Attention(), Norm(), Mlp()
 
         def forward(self, x):
-            x = x + self.attn(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
+            x = constrain(x + self.attn(self.norm1(x)))
+            return constrain(x + self.mlp(self.norm2(x)))
 
     class Decoder(nn.Module):
         def __init__(self):
@@ -288,7 +305,8 @@ def _decoder(r: Run, device: str = "spmd"):
             x = self.embed(idx)
             if self.pos is not None:
                 x = x + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            x = x.to(compute)  # the residual stream in 16 bits, as MaxText and Megatron keep it
+            x = constrain(x.to(compute))  # the residual stream in 16 bits, as MaxText and
+            # Megatron keep it
             for block in self.blocks:
                 if r.remat == "full":
                     x = checkpoint(block, x, use_reentrant=False)
@@ -431,7 +449,12 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
     hardware = dict(plan.resolve(r.hardware), **OVERRIDES.get(r.hardware, {}))
     with plan.Plan(num_devices=r.chips, hardware=hardware) as p:
         mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
-        model = _decoder(r)
+
+        def sequence_parallel(x):  # Megatron's: the sequence split over the tensor-parallel group
+            xs.mark_sharding(x, mesh, (("data", "fsdp"), "tensor", None))
+            return x
+
+        model = _decoder(r, constrain=sequence_parallel if r.sequence_parallel else lambda x: x)
         _shard(model, r, mesh)
         opt = make_optimizer(r, model.parameters())
         warm_up(opt, list(model.parameters()))
@@ -591,6 +614,15 @@ tensor-parallel ones whose measured time does not follow the batch smoothly: TP-
 1 (measured 62 ms per 12-layer micro-step against 44 ms at TP 1-4 and 52 ms at TP-8 micro-batch
 2; predicted -28%), TP-2 at micro-batch 2 and TP-4 at micro-batch 4 (-14% to -18%, where the
 measurement costs more per sample than at the next larger micro-batch).
+
+Table 5 of Korthikanti et al. has two rows here, fitted on neither: GPT 22B on 8 A100s in
+tensor parallelism, full recomputation (1.42 s, predicted -4.1%) and sequence parallelism
+with selective recomputation (1.10 s, predicted +1.1%; 72 GB planned per device). Sequence
+parallelism comes from one annotation of the residual stream; the plan's collectives per layer
+are then reduce-scatters and all-gathers of a sequence shard, as in Megatron-LM. One
+difference: the vocabulary-sharded embedding meets sequence-sharded tokens, and the partitioner
+all-gathers the table (75 MB) and reduce-scatters its gradient (629 MB) where Megatron
+reduce-scatters the lookup's partial sums; 4 ms of the 1.1 s.
 
 torchtitan's H100 rows (Llama 3.1 8B, FSDP over 8 GPUs, sequence 8192, its selective
 activation checkpointing: every other matmul and the attention saved) plan at 67.1 GB per device
