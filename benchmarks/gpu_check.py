@@ -15,8 +15,9 @@ Two halves, run on different machines:
   ``--write`` puts the table into docs/benchmarks.md.
 
 The presets' constants are not fitted to these numbers (plan_calibration's rule: constants are
-fitted on its published rows only); the check says how far the unfitted h100/h200 presets are
-from a real step of eager PyTorch and where the difference lies.
+fitted on its published rows only); the check says how far the h100/h200 presets, whose
+constants are transferred from the A100's fit, are from a real step of eager PyTorch and where
+the difference lies.
 """
 import argparse
 import json
@@ -233,8 +234,8 @@ def table(measured: dict, rows: list) -> str:
     own = measured_constants(measured, _preset(measured.get("gpu", "")))
     lines = [
         f"Measured on one {measured.get('gpu', measured['device'])} (torch {measured['torch']}), "
-        f"planned on `{_preset(measured.get('gpu', ''))}` (one device, the preset as published: "
-        "not fitted to these steps). Ceilings measured there: bf16 8192^3 matmul "
+        f"planned on `{_preset(measured.get('gpu', ''))}` (one device, the preset as published, "
+        "its constants the A100's, not fitted to these steps). Ceilings measured there: bf16 8192^3 matmul "
         f"{c['matmul_flops_bf16'] / 1e12:.0f} TFLOP/s, device copy "
         f"{c['copy_bandwidth'] / 1e12:.2f} TB/s, host time per small eager op "
         f"{c['host_seconds_per_small_op'] * 1e6:.1f} us. 'With its ceilings': the preset with "
@@ -264,20 +265,14 @@ def table(measured: dict, rows: list) -> str:
 
 
 def write(text: str) -> None:
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    head = "## Plan mode against one real GPU (issue 22)"
-    body = (f"{head}\n\n`scripts/gpu_check.sh` on a lent GPU (its `gpu.json` is kept as "
-            "`benchmarks/data/gpu_check_<gpu>.json`), then `python benchmarks/gpu_check.py "
-            "--compare benchmarks/data/gpu_check_<gpu>.json --write` here; docs/plan_mode.md "
-            "(\"Against one real GPU\") reads the numbers.\n\n" + text + "\n")
-    doc = open(path).read()
-    if head in doc:
-        start = doc.index(head)
-        end = doc.find("\n## ", start + len(head))
-        doc = doc[:start] + body + (doc[end + 1:] if end >= 0 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + body
-    open(path, "w").write(doc)
+    sys.path.insert(0, HERE)
+    from overhead import write_section
+    write_section(os.path.join(ROOT, "docs", "benchmarks.md"),
+                  "Plan mode against one real GPU (issue 22)",
+                  "`scripts/gpu_check.sh` on a lent GPU (its `gpu.json` is kept as "
+                  "`benchmarks/data/gpu_check_<gpu>.json`), then `python benchmarks/gpu_check.py "
+                  "--compare benchmarks/data/gpu_check_<gpu>.json --write` here; docs/plan_mode.md "
+                  "(\"Against one real GPU\") reads the numbers.\n\n" + text)
 
 
 def main():

@@ -1,6 +1,7 @@
 #include "partition/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "partition/step_schedule.h"
 
@@ -50,6 +51,11 @@ OpTime OpSeconds(const OpCost& op, const Hardware& hw) {
   return t;
 }
 
+double HostDeviceSeconds(double host, double device) {
+  if (host <= 0 || device <= 0) return std::max(host, device);
+  return std::cbrt(host * host * host + device * device * device);
+}
+
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
   StepEstimate e;
   std::vector<double> op_seconds, collective_seconds;
@@ -76,12 +82,26 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
   e.op_start = std::move(s.op_start);
   e.step_seconds = s.seconds;
   e.host_bound_seconds = s.host_bound_seconds;
-  e.exposed_communication_seconds =
-      std::max(0.0, e.step_seconds - e.compute_seconds - e.host_bound_seconds);
-  // The bounds with the host's issue time: all of it added, or hidden behind the device.
   const double host = launches.empty() ? 0 : hw.kernel_overhead * static_cast<double>(
       std::count(launches.begin(), launches.end(), true));
-  e.no_overlap_step_seconds = std::max(e.compute_seconds, host) + e.communication_seconds;
+  if (host > 0) {
+    // Near balance, the host's uneven issue times cost more than the schedule's even ones:
+    // the step is at least the smooth maximum of the host's total and the device's own
+    // critical path (its schedule with the host infinitely fast). The difference is the device
+    // waiting for the host, outside the per-op timeline.
+    const double device = ScheduleStep(stats, op_seconds, collective_seconds,
+                                       hw.all_gather_prefetch).seconds;
+    const double balanced = HostDeviceSeconds(host, device);
+    if (balanced > e.step_seconds) {
+      e.host_bound_seconds += balanced - e.step_seconds;
+      e.step_seconds = balanced;
+    }
+  }
+  e.exposed_communication_seconds =
+      std::max(0.0, e.step_seconds - e.compute_seconds - e.host_bound_seconds);
+  // The bounds with the host's issue time: communication all added, or hidden behind the
+  // device; the host as in the step.
+  e.no_overlap_step_seconds = HostDeviceSeconds(host, e.compute_seconds) + e.communication_seconds;
   e.overlapped_step_seconds = std::max({e.compute_seconds, e.communication_seconds, host});
   return e;
 }

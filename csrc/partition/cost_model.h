@@ -14,7 +14,8 @@
 //   given where its group sits on the interconnect.
 // - The step is the critical path of a compute stream and a communication stream
 //   (partition/step_schedule.h), which also waits for the host to issue each kernel
-//   (Hardware::kernel_overhead).
+//   (Hardware::kernel_overhead), and at least the smooth maximum of the host's issue time and
+//   the device's own critical path (HostDeviceSeconds).
 #pragma once
 #include <algorithm>
 #include <vector>
@@ -59,6 +60,13 @@ double WaveEfficiency(int64_t tiles, int64_t units);
 // hardware with Hardware::matrix_units, wave quantization at the better of two tile sides.
 double GemmEfficiency(const OpCost& op, const Hardware& hw);
 OpTime OpSeconds(const OpCost& op, const Hardware& hw);
+// An eager runtime's step from the host's total issue time and the device's own critical
+// path: their maximum when one dominates, more near balance, where the host's issue times per
+// kernel vary (a Python module call, an autograd node, a hook) and the device starves behind
+// the slow stretches: the smooth maximum (host^3 + device^3)^(1/3), 1.26x the maximum at
+// balance. The exponent is fitted once, on vTrain's A100 runs (docs/plan_mode.md), and holds for
+// every preset with a kernel overhead.
+double HostDeviceSeconds(double host, double device);
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw);
 
 }  // namespace spmd::partition

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -590,6 +592,41 @@ TEST(CostModelTest, EstimateStepWithoutPositionsSumsOpsAndCollectives) {
   EXPECT_TRUE(Close(e.no_overlap_step_seconds, 4.099e-3)) << e.no_overlap_step_seconds;
   EXPECT_TRUE(Close(e.exposed_communication_seconds, 9.9e-5));
   EXPECT_TRUE(Close(e.overlapped_step_seconds, 4e-3)) << e.overlapped_step_seconds;
+}
+
+// An eager runtime's host and device: the larger when one dominates, more near balance.
+TEST(CostModelTest, HostAndDeviceNearBalanceCostMoreThanTheirMaximum) {
+  EXPECT_EQ(HostDeviceSeconds(0, 2), 2.0);
+  EXPECT_EQ(HostDeviceSeconds(3, 0), 3.0);
+  EXPECT_TRUE(Close(HostDeviceSeconds(1, 1), std::cbrt(2.0)));     // 1.26x at balance
+  EXPECT_TRUE(Close(HostDeviceSeconds(1, 4), std::cbrt(65.0)));    // 4.02: 0.5% over
+  EXPECT_LT(HostDeviceSeconds(1, 1), 2.0);                         // never the sum
+  // Four memory-bound adds of 2e-3 s each, each a kernel the host issues in 2e-3 s: the
+  // schedule says 8e-3 + 2e-3 (the first waits for its issue), the smooth maximum of 8e-3 of
+  // host and 8e-3 of device 1.26 x 8e-3; the difference is the device waiting for the host.
+  Hardware hw = TestHardware();
+  hw.kernel_overhead = 2e-3;
+  ProgramStats stats;
+  OpCost add;
+  add.op = "aten::add.Tensor";
+  add.flops = 1e9;
+  add.bytes = 4000000000;
+  add.dtype = DType::kFloat32;
+  for (int64_t i = 0; i < 4; ++i) {
+    add.position = 10 * (i + 1);
+    stats.op_costs.push_back(add);
+  }
+  StepEstimate e = EstimateStep(stats, hw);
+  EXPECT_TRUE(Close(e.compute_seconds, 8e-3)) << e.compute_seconds;
+  EXPECT_TRUE(Close(e.step_seconds, std::cbrt(2.0) * 8e-3)) << e.step_seconds;
+  EXPECT_TRUE(Close(e.host_bound_seconds, (std::cbrt(2.0) - 1) * 8e-3)) << e.host_bound_seconds;
+  EXPECT_TRUE(Close(e.exposed_communication_seconds, 0));
+  EXPECT_TRUE(Close(e.no_overlap_step_seconds, e.step_seconds));
+  // A host 10x faster than the device: the schedule's 8.2e-3 s stands (the smooth maximum,
+  // 8.003e-3 s, is below it).
+  hw.kernel_overhead = 2e-4;
+  e = EstimateStep(stats, hw);
+  EXPECT_TRUE(Close(e.step_seconds, 8.2e-3)) << e.step_seconds;
 }
 
 // The model applied to a partitioned program's own statistics.
