@@ -602,8 +602,9 @@ What moved vTrain from 80% to 91% within +-20% (mean 10.0% -> 8.8%, median 6.7% 
 near balance, an eager step costs more than the larger of the host's issue time and the
 device's time (a host whose time per kernel varies starves the device behind its slow
 stretches), and the step is now at least their smooth maximum (host^3 + device^3)^(1/3)
-(partition/cost_model.h, HostDeviceSeconds). Its exponent: 2 to 4 tried, 3 best on an even
-third of the rows (mean 8.1%, 93%) and on the other two thirds (9.0%, 91%); `a100-80gb`
+(partition/cost_model.h, HostDeviceSeconds). Its exponent: 2 to 4 tried on each run's
+planned host and device totals, 3 best on an even third of the rows (mean 8.1%, 93%) and on
+the other two thirds (9.0%, 91%); `a100-80gb`
 refitted with it (matmul_efficiency 0.62 -> 0.66, kernel_overhead stays 48 us). Before that:
 views free, Megatron's own mixed precision, a steady-state optimizer step and wave
 quantization over the A100's 108 SMs (10.9% -> 9.7%), and vocab-parallel cross entropy. The
