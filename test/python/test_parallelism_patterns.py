@@ -214,6 +214,70 @@ def test_megatron_sequence_parallel_output_is_reduce_scattered():
     assert r.fwd == [("reduce-scatter", ("model",))]
 
 
+class SequenceParallelBlock(torch.nn.Module):
+    """A pre-norm residual Megatron MLP block as Megatron-LM's sequence parallelism runs it
+    (Korthikanti et al. 2022): the residual stream and the layer norm split over the sequence by
+    the tensor-parallel group, the MLP's hidden over its features."""
+
+    def __init__(self, d=16, ff=64):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.l1 = torch.nn.Linear(d, ff)
+        self.l2 = torch.nn.Linear(ff, d)
+        self.mesh = None  # on the device: the residual stream's sequence over its 'model' axis
+
+    def forward(self, x):
+        y = x + self.l2(F.gelu(self.l1(self.norm(x))))
+        if self.mesh is not None:
+            xs.mark_sharding(y, self.mesh, (None, "model", None))
+        return y
+
+
+def test_megatron_sequence_parallel_block_moves_activations_by_gathers_and_scatters():
+    # Where tensor parallelism all-reduces the block's output (and its input gradient),
+    # sequence parallelism all-gathers the normed stream before the column-parallel layer and
+    # reduce-scatters the row-parallel layer's partial sums back onto sequence shards; only the
+    # loss and the gradients of the parameters every shard shares (norm, output bias) are
+    # all-reduced. Gradients equal CPU eager's. (The input's sequence sharding alone gives this
+    # layout; the constraint on the output, as benchmarks/plan_fidelity.py annotates the stream,
+    # keeps it whatever the next block does. A replicated input gives tensor parallelism's
+    # all-reduce instead.)
+    mesh = mesh_of((8,), names=("model",))
+    torch.manual_seed(0)
+    cpu = SequenceParallelBlock().double()
+    model = copy.deepcopy(cpu).to(dev())
+    model.mesh = mesh
+    xs.mark_sharding(model.l1.weight, mesh, ("model", None))
+    xs.mark_sharding(model.l1.bias, mesh, ("model",))
+    xs.mark_sharding(model.l2.weight, mesh, (None, "model"))
+    x = torch.randn(2, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x_d = to_device(x, mesh, (None, "model", None)).requires_grad_()
+    step([])
+
+    loss = model(x_d).pow(2).mean()
+    fwd = step([loss])
+    assert sorted(kinds(fwd)) == [("all-gather", ("model",)), ("all-reduce", ("model",)),
+                                  ("reduce-scatter", ("model",))], kinds(fwd)
+    loss_reduce = [c for c in fwd["collectives"] if c["kind"] == "all-reduce"]
+    assert loss_reduce[0]["bytes"] == 8, loss_reduce  # the scalar loss, not an activation
+    loss.backward()
+    bwd = step([x_d.grad] + [p.grad for p in model.parameters()])
+    got = kinds(bwd)
+    assert ("reduce-scatter", ("model",)) in got and ("all-gather", ("model",)) in got, got
+    shared = {p.numel() * 8 for p in (model.norm.weight, model.norm.bias, model.l2.bias)}
+    for c in bwd["collectives"]:
+        if c["kind"] == "all-reduce":  # a shared parameter's gradient, never an activation
+            assert c["bytes"] in shared, c
+    assert not fwd["replicated_fallback_ops"] and not bwd["replicated_fallback_ops"]
+
+    x_cpu = x.clone().requires_grad_()
+    ref = cpu(x_cpu).pow(2).mean()
+    ref.backward()
+    assert_same(loss.detach().cpu(), ref.detach(), "loss")
+    assert_same(x_d.grad.cpu(), x_cpu.grad, "input grad")
+    assert_params_close(model, cpu, grads=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Data parallelism
 
