@@ -201,7 +201,7 @@ def load_runs(data_dir: str) -> List[Run]:
 # Planning one run (in a child process)
 
 
-def _decoder(r: Run, device: str = "spmd", constrain=lambda x: x):
+def _decoder(r: Run, device: str = "spmd", constrain=None):
     """The run's model on ``device``: the spmd device (inside a plan: no memory), or a real one
     (benchmarks/gpu_check.py times the same model on a GPU). ``constrain`` annotates the
     residual stream between sublayers (sequence parallelism)."""
@@ -210,6 +210,7 @@ def _decoder(r: Run, device: str = "spmd", constrain=lambda x: x):
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
     compute = torch.float16 if r.dtype == "fp16" else torch.bfloat16
+    constrain = constrain or (lambda x: x)
 
     def linear(x, w, bias=None):  # a master weight cast at use (written-out autocast); a
         # 16-bit weight (Megatron) as it is
@@ -454,7 +455,7 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
             xs.mark_sharding(x, mesh, (("data", "fsdp"), "tensor", None))
             return x
 
-        model = _decoder(r, constrain=sequence_parallel if r.sequence_parallel else lambda x: x)
+        model = _decoder(r, constrain=sequence_parallel if r.sequence_parallel else None)
         _shard(model, r, mesh)
         opt = make_optimizer(r, model.parameters())
         warm_up(opt, list(model.parameters()))

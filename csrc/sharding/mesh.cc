@@ -192,6 +192,7 @@ std::vector<std::vector<int64_t>> DeviceGroups(const Mesh& mesh, const std::vect
 }
 
 std::vector<int64_t> FirstDeviceGroup(const Mesh& mesh, const std::vector<int>& axes) {
+  CheckAxes(mesh, axes);  // (as DeviceGroups: a repeated axis would fill a wrong group)
   std::vector<int64_t> group(AxesSize(mesh, axes));
   std::vector<int64_t> coords(mesh.num_axes(), 0);  // the other axes' coordinates stay 0
   for (int64_t i = 0; i < static_cast<int64_t>(group.size()); ++i) {
