@@ -9,11 +9,14 @@
 
 #include <atomic>
 #include <cmath>
+#include <numeric>
 #include <thread>
 #include <sstream>
 
+#include "aten/host_bookkeeping.h"
 #include "aten/lazy_tensor.h"
 #include "aten/sync.h"
+#include "core/error.h"
 #include "core/metrics.h"
 #include "runtime/device_data.h"
 #include "runtime/error_message.h"
@@ -492,18 +495,16 @@ ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,
   return ir::Value{ir::MakeNode(op, std::move(inputs), std::move(args), {std::move(output)}), 0};
 }
 
-void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
-  Count("EagerFallback");
-  Count(plan.info->qualified);
-  size_t num_args = plan.info->args.size();
-  auto args = torch::jit::last(*stack, num_args);
+std::vector<c10::IValue> HostArguments(const OpPlan& plan, c10::ArrayRef<c10::IValue> args,
+                                       std::vector<LazyImpl*>* impls, bool* any_lazy) {
+  const size_t num_args = plan.info->args.size();
   std::vector<c10::IValue> host(args.begin(), args.end());
-  std::vector<LazyImpl*> impls(num_args, nullptr);
-  bool any_lazy = false;
+  if (impls) impls->assign(num_args, nullptr);
+  if (any_lazy) *any_lazy = false;
   auto to_host = [&](const at::Tensor& t, bool written, LazyImpl** impl_out) -> at::Tensor {
     LazyImpl* impl = TryGetLazyImpl(t);
     if (!impl) return t;
-    any_lazy = true;
+    if (any_lazy) *any_lazy = true;
     if (impl_out) *impl_out = impl;
     at::Tensor h = Materialize(impl->slot())->ToHost();
     return written ? h.clone() : h;  // device buffers are immutable
@@ -512,7 +513,7 @@ void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
     c10::IValue& v = host[i];
     const ir::ArgSchema& schema = plan.info->args[i];
     if (v.isTensor()) {
-      v = to_host(v.toTensor(), schema.is_write, &impls[i]);
+      v = to_host(v.toTensor(), schema.is_write, impls ? &(*impls)[i] : nullptr);
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> list;
       for (at::Tensor t : v.toTensorList()) list.push_back(to_host(t, schema.is_write, nullptr));
@@ -527,6 +528,17 @@ void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
       v = c10::IValue(c10::Device(c10::kCPU));
     }
   }
+  return host;
+}
+
+void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
+  Count("EagerFallback");
+  Count(plan.info->qualified);
+  size_t num_args = plan.info->args.size();
+  auto args = torch::jit::last(*stack, num_args);
+  std::vector<LazyImpl*> impls;
+  bool any_lazy = false;
+  std::vector<c10::IValue> host = HostArguments(plan, args, &impls, &any_lazy);
   plan.handle->callBoxed(&host);
   torch::jit::drop(*stack, num_args);
   for (size_t r = 0; r < host.size(); ++r) {
@@ -665,6 +677,17 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
   }
   ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
                                   shapes.types);
+  // Shape bookkeeping of token ids and masks runs on the host (host_bookkeeping.h). The node is
+  // dropped first: syncing a pending operand must not see it as a later reader.
+  std::vector<ir::Value> on_host;
+  if (RunsOnHost(plan, *node)) {
+    node.reset();
+    on_host = ComputeOnHost(plan, args);
+    SPMD_CHECK(static_cast<int64_t>(on_host.size()) ==
+                   std::accumulate(shapes.counts.begin(), shapes.counts.end(), int64_t{0}),
+               plan.info->qualified, " on the host gave ", on_host.size(), " results");
+  }
+  auto result = [&](int index) { return on_host.empty() ? ir::Value{node, index} : on_host[index]; };
   bool factory = !conv.any_lazy;
   // In-place and out= ops return the argument they wrote: keep those before the stack drops.
   std::vector<c10::IValue> original_args;
@@ -680,13 +703,13 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
     if (plan.returns[r] == ReturnKind::kTensorList) {
       c10::List<at::Tensor> list;
       for (int k = 0; k < shapes.counts[r]; ++k, ++out) {
-        list.push_back(WrapOutput(ir::Value{node, out}, factory));
+        list.push_back(WrapOutput(result(out), factory));
         if (plan.view_op) view_outputs.push_back(list.get(list.size() - 1));
       }
       stack->push_back(list);
       continue;
     }
-    ir::Value v{node, out++};
+    ir::Value v = result(out++);
     int alias = plan.return_alias[r];
     if (v.type().dtype == DType::kUndefined) {
       stack->push_back(c10::IValue(at::Tensor()));

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "aten/lazy_tensor.h"
 #include "aten/op_plan.h"
 #include "ir/node.h"
 
@@ -24,6 +25,12 @@ at::Tensor WrapOutput(const ir::Value& v, bool factory);
 
 // Runs `op` on the host values of its arguments and uploads tensor results (replicated).
 void RunEager(OpPlan& plan, torch::jit::Stack* stack);
+// `args` with every spmd tensor replaced by its host value (pending ones are synced first) and
+// device arguments by the CPU: the argument stack of the op's CPU kernel. Written tensors are
+// private copies. Fills `impls` (per argument, its spmd tensor, else null) and `any_lazy`
+// when given.
+std::vector<c10::IValue> HostArguments(const OpPlan& plan, c10::ArrayRef<c10::IValue> args,
+                                       std::vector<LazyImpl*>* impls, bool* any_lazy);
 
 // Answers an op that reads only tensor metadata (is_same_size, ...) on meta tensors, without
 // materializing anything.

@@ -49,6 +49,10 @@ class DeviceData final : public ir::DataHandle,
                                              at::Tensor known = {});
   bool planned() const { return planned_; }
   bool known() const { return known_.defined(); }
+  // Made by host bookkeeping (aten/host_bookkeeping.h): ops on it alone run on the host too.
+  // Set once, right after it is made, before anything else holds it.
+  bool host_bookkeeping() const { return host_bookkeeping_; }
+  void set_host_bookkeeping() { host_bookkeeping_ = true; }
   // Whether plan mode keeps the value of planned data of this type: integer and boolean
   // values (token ids, positions, masks, counts; what Python code reads to decide what to
   // run) of at most kKnownValueBytes. They are cheap to know and to compute from factories.
@@ -76,6 +80,7 @@ class DeviceData final : public ir::DataHandle,
   mutable Stacked stacked_;
   mutable std::once_flag stack_once_;
   bool planned_ = false;
+  bool host_bookkeeping_ = false;
   at::Tensor known_;  // planned data's value, when known
 };
 using DeviceDataPtr = std::shared_ptr<DeviceData>;

@@ -14,6 +14,7 @@ import transformers
 
 import torch_spmd
 import torch_spmd.core.xla_model as xm
+import torch_spmd.debug.metrics
 import torch_spmd.distributed.spmd as xs
 import torch_spmd.plan as plan
 from torch_spmd.experimental.spmd_fully_sharded_data_parallel import \
@@ -201,6 +202,49 @@ def test_generate_equals_cpu_and_stays_flat():
     assert torch.equal(got, want)
     assert len(sizes) == 32
     assert max(sizes[2:]) <= min(sizes[2:]) + 16, f"the per-token graph grows: {sizes}"
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_generate_with_static_cache_compiles_no_program_after_the_first_tokens(attention):
+    """With `cache_implementation="static"` every token's forward is one cached program, a
+    left-padded prompt included: the ids, positions and mask grow on the host (host
+    bookkeeping), so the graphs see only the new token, the fixed-size cache and the padded
+    mask. Sharded (FSDP over 8 devices) and equal to CPU."""
+    ensure_devices(8)
+    mesh = xs.Mesh(np.arange(8), (8,), ("fsdp",))
+    torch.manual_seed(0)
+    config = _decoder(transformers.LlamaConfig)
+    config._attn_implementation = attention
+    cpu = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, VOCAB, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    ids[0, :3], mask[0, :3] = 0, 0  # the first prompt is left-padded
+    kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=24, min_new_tokens=24,
+              cache_implementation="static")
+    want = cpu.generate(ids, attention_mask=mask, **kw)
+    dev = cpu.to(DEV)
+    for p in dev.parameters():
+        xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+    compiles = []
+    stop = transformers.generation.utils.StopCheck.__call__
+
+    def record(self, unfinished, *args):
+        result = stop(self, unfinished, *args)
+        compiles.append(torch_spmd.debug.metrics.metric_data("CompileTime")[0])
+        return result
+
+    transformers.generation.utils.StopCheck.__call__ = record
+    try:
+        got = dev.generate(ids.to(DEV), attention_mask=mask.to(DEV), **kw).cpu()
+    finally:
+        transformers.generation.utils.StopCheck.__call__ = stop
+    assert torch.equal(got, want)
+    assert len(compiles) == 24
+    # The first tokens compile: the prefill, then tokens whose graphs still read the prompt's
+    # uploaded ids and mask until the host-made ones replace them. The last token may compile
+    # one small program: its stop flags are torch.full(..., True) instead of False.
+    assert compiles[-2] == compiles[3] and compiles[-1] <= compiles[3] + 1, \
+        f"tokens compile new programs: {compiles}"
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -137,6 +137,11 @@ struct ShardingRule {
   // through the op (gradient accumulation across steps communicates once; the weight
   // gradients of a pipeline's stacked layers are reduced once, not once per layer).
   bool additive = false;
+  // The result is the tensor operands placed side by side along a dim (cat, stack), or beside
+  // constant blocks (a constant pad): its extent grows with theirs. Host bookkeeping
+  // (aten/host_bookkeeping.h) runs such joins of token ids and masks on the host, so a
+  // decoding loop's growing ids stay out of its graphs.
+  bool joins = false;
 
   // Cost, read by partition/cost.cc (which knows no op names): FLOPs per point of the op's
   // iteration space, the product of its factor sizes; mm's [i,k],[k,j] -> [i,j] is 2 (a

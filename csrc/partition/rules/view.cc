@@ -210,6 +210,15 @@ RuleBuilder WithRowsOf(RuleBuilder inner) {
     return rule;
   };
 }
+// `inner` with ShardingRule::joins set: the result is the operand with constant blocks beside
+// it (constant_pad_nd).
+RuleBuilder Joins(RuleBuilder inner) {
+  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
+    std::optional<ShardingRule> rule = inner(node);
+    if (rule) rule->joins = true;
+    return rule;
+  };
+}
 // constant_pad_nd's padded dims: pad = [left, right] per dim from the last one; dims padded by
 // nothing keep their sharding (padding a sequence leaves the batch sharded).
 std::vector<int64_t> PaddedDims(const ir::Node& n, int64_t rank) {
@@ -262,6 +271,7 @@ std::optional<ShardingRule> Join(const ir::Node& node, bool stack) {
     rule.operands.push_back(fin);
   }
   rule.results = {fout};
+  rule.joins = true;
   return rule;
 }
 
@@ -377,7 +387,7 @@ void RegisterViewRules() {
                 ReadsNoExtents(Positional(DimArg)));
   // (flip and roll: shift.cc.)
   RegisterRules({"aten::tril", "aten::triu"}, ReadsNoExtents(LinearIn(Positional(LastTwo))));
-  RegisterRule("aten::constant_pad_nd", ReadsNoExtents(Positional(PaddedDims)));
+  RegisterRule("aten::constant_pad_nd", ReadsNoExtents(Joins(Positional(PaddedDims))));
   RegisterRule("aten::repeat", ReadsNoExtents(Positional(AllDims)));
 }
 
