@@ -204,6 +204,37 @@ def test_generate_equals_cpu_and_stays_flat():
     assert max(sizes[2:]) <= min(sizes[2:]) + 16, f"the per-token graph grows: {sizes}"
 
 
+def test_mixtral_batched_mm_experts_shard_their_per_token_weight_copies():
+    """HF's batched_mm experts gather each token's expert weights (`weights[expert_ids]`, one
+    [tokens x k, in, out] copy per projection). Under FSDPv2 those copies are sharded over the
+    tokens (no replicated fallback): the peak per device stays below one projection's copy for
+    all tokens. The loss and gradients equal CPU's."""
+    ensure_devices(8)
+    mesh = xs.Mesh(np.arange(8), (8,), ("fsdp",))
+    config = FAMILIES["mixtral"][1]()
+    config._experts_implementation = "batched_mm"
+    torch.manual_seed(0)
+    cpu = transformers.MixtralForCausalLM(config)
+    dev = transformers.MixtralForCausalLM(config)
+    dev.load_state_dict(cpu.state_dict())
+    batch = _batch("causal", 0)
+    want = cpu(**batch).loss
+    want.backward()
+    wrapped = FSDPv2(dev, mesh=mesh)
+    got = wrapped(**_shard_batch(batch, mesh, "fsdp")).loss
+    got.backward()
+    xm.mark_step()
+    stats = torch_spmd.debug.last_step_stats()
+    assert not stats["replicated_fallback_ops"], stats["replicated_fallback_ops"]
+    tokens = batch["input_ids"].numel() * config.num_experts_per_tok
+    one_copy = tokens * config.hidden_size * 2 * config.intermediate_size * 4  # gate_up, f32
+    assert stats["peak_bytes_per_device"] < one_copy, (stats["peak_bytes_per_device"], one_copy)
+    torch.testing.assert_close(got.cpu(), want.detach(), rtol=2e-5, atol=2e-6)
+    for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=2e-5, atol=2e-5,
+                                   msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_generate_with_static_cache_compiles_no_program_after_the_first_tokens(attention):
     """With `cache_implementation="static"` every token's forward is one cached program, a
