@@ -10,6 +10,10 @@
 # separately. Environment:
 #   SPMD_NUM_DEVICES   emulated devices (default 8: upstream's multi-device asserts need > 1,
 #                      most are written for 4 or 8; its CPU CI runs them with 1 device)
+#   XLA_UPSTREAM_DEVICES=ci  each file with the device count upstream's CPU CI gives it
+#                      (test/run_tests.sh: run_test_multi_devices* 4, run_test 1), to compare
+#                      with upstream on the same tests
+#   PJRT_DEVICE        default CPU, as upstream's CPU CI sets it
 #   XLA_TEST_TIMEOUT   seconds per file (default 300)
 #   XLA_TEST_LOGS      where the per-file logs and junit files go (default: a temp dir)
 set -uo pipefail
@@ -29,6 +33,19 @@ TIMEOUT="${XLA_TEST_TIMEOUT:-300}"
 LOGS="${XLA_TEST_LOGS:-$(mktemp -d /tmp/xla_upstream.XXXXXX)}"
 mkdir -p "$LOGS"
 export SPMD_NUM_DEVICES="${SPMD_NUM_DEVICES:-8}"
+# Upstream CI's device count for a test file: 4 for run_test_multi_devices*, 1 for run_test.
+ci_devices() {
+  local line
+  line=$(grep -E 'run_test[a-z_]* "\$_TEST_DIR/spmd/'"$1"'"' "$XLA/test/run_tests.sh" 2>/dev/null | head -1)
+  case "$line" in
+    *run_test_multi_devices*) echo 4 ;;
+    *run_test*) echo 1 ;;
+    *) echo "$SPMD_NUM_DEVICES" ;;
+  esac
+}
+# As upstream's CPU CI runs these files (test/run_tests.sh: PJRT_DEVICE=CPU): the tests read it
+# back, and branch on xr.device_type() == 'CPU', which it makes the emulated devices report.
+export PJRT_DEVICE="${PJRT_DEVICE:-CPU}"
 # The tests import their helpers as top-level modules (test_xla_sharding_base, args_parse, and
 # utils.* from test/).
 export PYTHONPATH="$ROOT:$XLA/test/spmd:$XLA/test${PYTHONPATH:+:$PYTHONPATH}"
@@ -48,12 +65,14 @@ for f in "${files[@]}"; do
       deselect+=(--deselect "$id"); nex=$((nex + 1))
     done < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$EXCLUDED" | grep "^$f::" || true)
   fi
+  devices="$SPMD_NUM_DEVICES"
+  [ "${XLA_UPSTREAM_DEVICES:-}" = ci ] && devices=$(ci_devices "$f")
   xml="$LOGS/${f%.py}.xml"; log="$LOGS/${f%.py}.log"
   rm -f "$xml"
   # --rootdir=.: node ids are then file::Class::test as the exclusion list writes them, also in
   # a checkout with a setup.py at its root (pytest would otherwise root them there, as
   # test/spmd/file::..., and --deselect would silently match nothing).
-  timeout -k 10 "$TIMEOUT" "$PYTHON" -m torch_spmd.xla -m pytest -p no:cacheprovider -q -rfE \
+  SPMD_NUM_DEVICES="$devices" timeout -k 10 "$TIMEOUT" "$PYTHON" -m torch_spmd.xla -m pytest -p no:cacheprovider -q -rfE \
     --rootdir=. --junitxml="$xml" "${deselect[@]}" "$f" >"$log" 2>&1
   rc=$?
   note=""
@@ -77,8 +96,9 @@ EOF
   else
     p=0; fl=0; s=0; e=1; note="${note:-no junit output (see log)}"
   fi
+  [ "${XLA_UPSTREAM_DEVICES:-}" = ci ] && note="$devices device(s)${note:+; $note}"
   printf '%-44s %6s %6s %7s %6s %8s %s\n' "$f" "$p" "$fl" "$s" "$e" "$nex" "$note"
   tot=($((tot[0] + p)) $((tot[1] + fl)) $((tot[2] + s)) $((tot[3] + e)) $((tot[4] + nex)))
 done
 printf '%-44s %6s %6s %7s %6s %8s\n' TOTAL "${tot[@]}"
-echo "upstream: $(git -C "$XLA" rev-parse HEAD 2>/dev/null || echo "$XLA")  devices: $SPMD_NUM_DEVICES  logs: $LOGS"
+echo "upstream: $(git -C "$XLA" rev-parse HEAD 2>/dev/null || echo "$XLA")  devices: ${XLA_UPSTREAM_DEVICES:-$SPMD_NUM_DEVICES}  logs: $LOGS"

@@ -51,8 +51,13 @@ def is_spmd() -> bool:
 
 
 def device_type() -> str:
-    """The kind of the emulated devices, used in shard device names such as ``'SPMD:3'``."""
-    return "SPMD"
+    """The kind of the emulated devices, used in shard device names such as ``'SPMD:3'``.
+
+    ``'CPU'`` when ``PJRT_DEVICE=CPU`` is set, as PyTorch/XLA's CPU runs set it (its test suite
+    reads the variable back and branches on ``device_type() == 'CPU'``): the emulated devices
+    are host memory and host cores, so that is what they are. Any other ``PJRT_DEVICE`` (a TPU,
+    a GPU) is not what runs here and leaves ``'SPMD'``."""
+    return "CPU" if os.environ.get("PJRT_DEVICE", "").upper() == "CPU" else "SPMD"
 
 
 def global_runtime_device_count() -> int:

@@ -493,7 +493,12 @@ void SyncSlots(const std::vector<SlotPtr>& requested) {
   std::vector<bool> donated = DonatableParams(graph, outputs, slots_of);
   std::vector<runtime::DeviceDataPtr> params = ProgramParams(graph, program, donated);
   int64_t num_donated = std::count(donated.begin(), donated.end(), true);
-  if (num_donated) Count("DonatedInputs", num_donated);
+  if (num_donated) {
+    Count("DonatedInputs", num_donated);
+    // Per run that donates: how many inputs (PyTorch/XLA's metric of the same name counts the
+    // input/output aliases of each program).
+    Metrics::Get().Record("InputOutputAliasCount", static_cast<double>(num_donated));
+  }
 
   const int64_t beside = BytesBesideStep(graph);
   std::vector<runtime::DeviceDataPtr> results;

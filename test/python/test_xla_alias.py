@@ -364,3 +364,47 @@ def test_step_trace_ends_the_step(mesh8):
         u = t * 3
     assert (met.counter_value("ExecuteGraph") or 0) == before + 1  # ran at the exit
     torch.testing.assert_close(u.cpu(), t.cpu() * 3)
+
+
+def test_pjrt_device_cpu_names_the_emulated_devices_cpu(monkeypatch):
+    """PyTorch/XLA's CPU runs set PJRT_DEVICE=CPU and read it back (xla_device_hw, device
+    strings, skipIf device_type() == 'CPU'); other values name hardware that is not here."""
+    import torch_spmd.runtime as xr
+    import torch_spmd.core.xla_model as xm
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    assert xr.device_type() == "SPMD"
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    assert xr.device_type() == "CPU"
+    assert xm.xla_device_hw(xm.xla_device()) == "CPU"
+    assert xm.xla_real_devices([xm.xla_device()]) == ["CPU:0"]
+    assert xm.xla_replication_devices([xm.xla_device()]) == [
+        f"CPU:{i}" for i in range(xr.global_runtime_device_count())]
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    assert xr.device_type() == "SPMD"
+
+
+def test_hlo_text_carries_shardings_in_xla_notation(mesh8):
+    """_get_xla_tensors_hlo answers with torch_spmd's program text, each value's sharding as
+    XLA's `sharding={...}` attribute (what upstream's sharding assertions look for)."""
+    from torch_spmd.xla import _XLAC
+    t = torch.randn(16, 16).to(torch_spmd.device())
+    mesh = xs.Mesh(np.arange(8), (2, 4, 1))
+    xs.mark_sharding(t, mesh, (2, 1))
+    hlo = _XLAC._get_xla_tensors_hlo([t + 1])
+    assert "sharding={devices=[1,4,2]" in hlo
+    assert "%custom-call" not in hlo  # (no XLA instruction names are made up)
+
+
+def test_input_output_alias_count_counts_donated_inputs(mesh8):
+    """An in-place update of a sharded tensor gives its old buffer to the new value: one run,
+    one aliased input (PyTorch/XLA's InputOutputAliasCount)."""
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.debug.metrics as met
+    t = torch.arange(8.0).reshape(1, 8).to(torch_spmd.device())
+    xs.mark_sharding(t, xs.Mesh(np.arange(8), (1, 8)), (0, 1))
+    xm.mark_step()
+    met.clear_all()
+    t += 1
+    xm.mark_step()
+    assert met.metric_data("InputOutputAliasCount")[0] == 1
+    torch.testing.assert_close(t.cpu(), torch.arange(8.0).reshape(1, 8) + 1)

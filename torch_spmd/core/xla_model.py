@@ -85,7 +85,8 @@ def master_print(*args, fd=None, local: bool = False, flush: bool = False) -> No
 
 
 def xla_device_hw(device=None) -> str:
-    """The hardware kind behind the device: the emulated ``'SPMD'`` devices."""
+    """The hardware kind behind the device: the emulated ``'SPMD'`` devices (``'CPU'`` under
+    ``PJRT_DEVICE=CPU``: ``runtime.device_type()``)."""
     return runtime.device_type()
 
 
@@ -225,6 +226,14 @@ def xla_real_devices(devices=None) -> list:
         if str(d) != str(_device(0)):
             raise ValueError(f"{d} is not a torch_spmd device (there is one: {_device(0)})")
     return [f"{runtime.device_type()}:0" for _ in devices]
+
+
+def xla_replication_devices(local_devices=None) -> list:
+    """The physical devices a replicated computation on ``local_devices`` spans: every
+    emulated device of their kind, by ordinal (``['SPMD:0', ..., 'SPMD:7']``), as PyTorch/XLA
+    lists all devices of the kind behind its logical device."""
+    kind = xla_real_devices(local_devices)[0].partition(":")[0]
+    return [f"{kind}:{i}" for i in range(runtime.global_runtime_device_count())]
 
 
 def set_rng_state(seed: int, device=None) -> None:

@@ -2,11 +2,14 @@
 module that have an honest meaning on torch_spmd.
 
 Only what torch_spmd can answer truthfully is here. Functions whose result is XLA's own
-artifacts (``_get_xla_tensors_hlo``, ``_get_xla_tensor_debug_info``,
-``OpSharding``, ``_xla_mark_sharding`` with an OpSharding, the ``_xla_spmd_*`` collectives)
-are deliberately missing, so code calling them fails with an
-AttributeError instead of getting a fake answer.
+artifacts (``_get_xla_tensor_debug_info``, ``OpSharding``, ``_xla_mark_sharding`` with an
+OpSharding, the ``_xla_spmd_*`` collectives) are deliberately missing, so code calling them
+fails with an AttributeError instead of getting a fake answer. ``_get_xla_tensors_hlo``
+answers with torch_spmd's own program text (no XLA instruction names), its shardings written
+as XLA's ``sharding={...}`` attribute: code checking which sharding a value carries works,
+code matching XLA's instructions does not.
 """
+import re
 from typing import List, Optional, Sequence
 
 import torch
@@ -43,6 +46,15 @@ def _get_xla_sharding_type(t: torch.Tensor) -> Optional[int]:
 def _get_xla_tensors_text(tensors: Sequence[torch.Tensor]) -> str:
     """The pending IR of the tensors in torch_spmd's text form (not PyTorch/XLA's IR text)."""
     return _debug.graph_text([_plain(t) for t in tensors])
+
+
+_SHARDING_AT_END = re.compile(r" (\{[^{}]*\})$", re.MULTILINE)
+
+
+def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
+    """The pending IR of the tensors in torch_spmd's text form (not HLO), each value's sharding
+    written as XLA writes an instruction's: ``, sharding={devices=[1,8]0,1,...}``."""
+    return _SHARDING_AT_END.sub(r", sharding=\1", _get_xla_tensors_text(tensors))
 
 
 def _xla_sync_multi(tensors: Sequence[torch.Tensor], devices=(), wait: bool = True,
