@@ -408,3 +408,26 @@ def test_input_output_alias_count_counts_donated_inputs(mesh8):
     xm.mark_step()
     assert met.metric_data("InputOutputAliasCount")[0] == 1
     torch.testing.assert_close(t.cpu(), torch.arange(8.0).reshape(1, 8) + 1)
+
+
+def test_distribute_module_with_auto_policy_moves_the_module_and_auto_shards(mesh8):
+    """xla_distribute_module(partition_fn=auto_policy), as PyTorch/XLA's: auto-sharding on, the
+    module on the device; a step trains equal to CPU."""
+    import torch_spmd.core.xla_model as xm
+    from torch_spmd.distributed.spmd import auto_policy, xla_distribute_module
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(16, 8)
+    model = torch.nn.Linear(16, 8)
+    model.load_state_dict(cpu.state_dict())
+    try:
+        model = xla_distribute_module(model, None, auto_policy)
+        assert all(p.device.type == "spmd" for p in model.parameters())
+        assert torch_spmd._C._auto_sharding()
+        x = torch.randn(32, 16)
+        loss = model(x.to(torch_spmd.device())).pow(2).sum()
+        loss.backward()
+        xm.mark_step()
+        cpu(x).pow(2).sum().backward()
+        torch.testing.assert_close(model.weight.grad.cpu(), cpu.weight.grad, rtol=1e-5, atol=1e-5)
+    finally:
+        torch_spmd._C._set_auto_sharding(False, {})

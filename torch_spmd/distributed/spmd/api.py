@@ -26,8 +26,8 @@ _DEVICE_TYPES = ("spmd", "xla")
 
 
 def auto_policy(mod_name, mod, mesh):
-    """Marker for ``xla_distribute_module(partition_fn=auto_policy)`` (auto-sharding, which
-    torch_spmd does not implement)."""
+    """Marker for ``xla_distribute_module(partition_fn=auto_policy)``: auto-sharding
+    (``use_spmd(auto=True)``) lays the module's parameters out; this leaves them alone."""
     return
 
 
@@ -106,11 +106,13 @@ def xla_distribute_module(module: nn.Module, device_mesh=None,
                           output_fn: Optional[Callable] = None) -> nn.Module:
     """Applies ``partition_fn(name, submodule, device_mesh)`` to every submodule (parameters it
     leaves alone stay replicated) and installs ``input_fn`` / ``output_fn`` as forward pre- and
-    post-hooks. ``partition_fn=auto_policy`` raises NotImplementedError (no auto-sharding)."""
+    post-hooks. ``partition_fn=auto_policy`` turns auto-sharding on (``use_spmd(auto=True)``)
+    and moves the module to the device, as PyTorch/XLA's does."""
     xr.use_spmd()
     if partition_fn:
         if getattr(partition_fn, "__name__", "unknown") == "auto_policy":
-            xr.use_spmd(auto=True)  # NotImplementedError
+            xr.use_spmd(auto=True)
+            module = module.to(_spmd_device())
         for name, submod in module.named_modules():
             partition_fn(name, submod, device_mesh)
     if input_fn is not None:
