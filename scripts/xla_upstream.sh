@@ -96,7 +96,10 @@ EOF
   else
     p=0; fl=0; s=0; e=1; note="${note:-no junit output (see log)}"
   fi
-  [ "${XLA_UPSTREAM_DEVICES:-}" = ci ] && note="$devices device(s)${note:+; $note}"
+  if [ "${XLA_UPSTREAM_DEVICES:-}" = ci ]; then
+    grep -q "spmd/$f\"" "$XLA/test/run_tests.sh" 2>/dev/null || devices="$devices, not in CI"
+    note="$devices device(s)${note:+; $note}"
+  fi
   printf '%-44s %6s %6s %7s %6s %8s %s\n' "$f" "$p" "$fl" "$s" "$e" "$nex" "$note"
   tot=($((tot[0] + p)) $((tot[1] + fl)) $((tot[2] + s)) $((tot[3] + e)) $((tot[4] + nex)))
 done

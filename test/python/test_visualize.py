@@ -37,7 +37,7 @@ def test_tiled_2d(capsys):
     table, out = run(capsys, "{devices=[4,2]0,1,2,3,4,5,6,7}")
     assert cell_texts(table) == [["SPMD 0", "SPMD 1"], ["SPMD 2", "SPMD 3"],
                                  ["SPMD 4", "SPMD 5"], ["SPMD 6", "SPMD 7"]]
-    assert "│ SPMD 2  │ SPMD 3  │" in out  # drawn as a 4x2 grid
+    assert "│ SPMD 2 │ SPMD 3 │" in out  # drawn as a 4x2 grid
 
 
 def test_tiled_transposed(capsys):
@@ -73,14 +73,26 @@ def test_rank3_lists_deeper_tiles_in_cells(capsys):
     assert cell_texts(table) == [["SPMD [0, 4]", "SPMD [2, 6]"], ["SPMD [1, 5]", "SPMD [3, 7]"]]
 
 
-def test_color_and_sizes(capsys):
+def test_cells_are_drawn_as_pytorch_xla_draws_them(capsys):
+    """One space and one line around each label whatever scale and min_width say (PyTorch/XLA
+    computes sizes from them but never uses them), no background colors; a replicated value's
+    one cell lists its devices even on one device."""
     table = visualize_sharding("{devices=[4,2]0,1,2,3,4,5,6,7}", use_color=True, scale=2,
                                min_width=12, max_width=60)
     capsys.readouterr()
     assert table.row_count == 4 and len(table.columns) == 2
-    pad = table.columns[0]._cells[0]
-    assert pad.top + pad.bottom == 5  # height int(3 * 2) = 6 lines, one of text
-    assert pad.left + pad.right + len("SPMD 0") == 12
+    for column in table.columns:
+        for cell in column._cells:
+            assert (cell.top, cell.right, cell.bottom, cell.left) == (1, 1, 1, 1)
+            assert cell.style.bgcolor is None
+    _, out = run(capsys, "{devices=[4,2]0,1,2,3,4,5,6,7}")
+    assert "│ SPMD 2 │ SPMD 3 │" in out
+
+
+def test_replicated_on_one_device_lists_it(capsys, monkeypatch):
+    monkeypatch.setattr(xr, "global_runtime_device_count", lambda: 1)
+    table, _ = run(capsys, "{replicated}")
+    assert cell_texts(table) == [["SPMD [0]"]]
 
 
 @pytest.mark.parametrize("bad", [

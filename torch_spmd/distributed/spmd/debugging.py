@@ -5,7 +5,7 @@ per tile, holding its device id (tiled), the ids of its replicas (partially repl
 ids (replicated). Unlike PyTorch/XLA, 1-D shardings work (one row), and tiles of dims beyond the
 second are listed in their cell instead of being dropped.
 """
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 
@@ -25,14 +25,10 @@ try:
 except ImportError:  # rich is optional: only visualization needs it
     RICH_ENABLED = False
 
-# Background colors for cells, cycled; cells with the same devices get the same color.
-_PALETTE = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354",
-            "#756bb1", "#636363", "#e6550d", "#969696", "#9c9ede", "#cedb9c", "#e7ba52",
-            "#ad494a", "#a55194"]
-
-
-def _device_grid(sharding: str) -> List[List[List[int]]]:
-    """Rows of cells, each cell the device ids that hold that tile of the first two dims."""
+def _device_grid(sharding: str) -> Tuple[List[List[List[int]]], bool]:
+    """Rows of cells, each cell the device ids that hold that tile of the first two dims; and
+    whether cells are labelled by that list (replicated, partially replicated, deeper tiles)
+    rather than by their one device, as PyTorch/XLA labels them."""
     if not sharding:
         raise ValueError("sharding has no value (the tensor is not sharded)")
     ta = _C._parse_sharding_spec(sharding)  # ValueError: "... is not organized as expected"
@@ -40,16 +36,17 @@ def _device_grid(sharding: str) -> List[List[List[int]]]:
         raise ValueError(f"sharding {sharding} cannot be visualized: a manual sharding has no "
                          "device layout")
     if ta["replicated"]:
-        return [[list(range(xr.global_runtime_device_count()))]]
+        return [[list(range(xr.global_runtime_device_count()))]], True
     dims = list(ta["dims"])
     tensor_dims = dims[:-1] if ta["last_tile_dim_replicate"] else dims
+    lists = ta["last_tile_dim_replicate"] or len(tensor_dims) > 2
     # Trailing axis: every device of a cell (tiles of deeper dims, then replicas).
     tiles = np.array(ta["devices"]).reshape(tensor_dims[:2] + [-1])
     if len(tensor_dims) == 0:
-        return [[tiles.flatten().tolist()]]
+        return [[tiles.flatten().tolist()]], True
     if len(tensor_dims) == 1:
-        return [[cell.tolist() for cell in tiles]]
-    return [[cell.tolist() for cell in row] for row in tiles]
+        return [[cell.tolist() for cell in tiles]], lists
+    return [[cell.tolist() for cell in row] for row in tiles], lists
 
 
 def visualize_sharding(sharding: str,
@@ -58,17 +55,19 @@ def visualize_sharding(sharding: str,
                        min_width: int = 9,
                        max_width: int = 80):
     """Prints the device layout of ``sharding`` (XLA text form, e.g.
-    ``'{devices=[4,2]0,1,2,3,4,5,6,7}'``) as a table and returns the ``rich.table.Table``.
+    ``'{devices=[4,2]0,1,2,3,4,5,6,7}'``) as a table and returns the ``rich.table.Table``,
+    drawn as PyTorch/XLA draws it: each cell its device (``'CPU 3'``) or its devices
+    (``'CPU [0, 1]'``) with one space and one line around.
 
     Args:
       sharding: the sharding text; malformed text raises ValueError.
-      use_color: color cells by device set (when the console supports color), else draw lines.
-      scale: scales the cell height.
-      min_width / max_width: bounds of a cell's width; max_width is also the console width.
+      use_color: without color support (or False), cells are separated by lines.
+      scale, min_width: accepted for PyTorch/XLA's signature, which ignores them too.
+      max_width: the console's width.
     """
     if not RICH_ENABLED:
         raise ValueError("`visualize_sharding` requires `rich` to be installed.")
-    grid = _device_grid(sharding)
+    grid, lists = _device_grid(sharding)
     print(f"Visualizing {sharding} (showing up to the first two dimensions)")
 
     console = rich.console.Console(width=max_width)
@@ -80,27 +79,14 @@ def visualize_sharding(sharding: str,
         highlight=not use_color,
         pad_edge=False,
         box=rich.box.SQUARE if not use_color else None)
-    height = max(int(3 * scale), 1)
-    colors = {}
     for row in grid:
         cells = []
         for devices in row:
-            label = str(devices[0]) if len(devices) == 1 else str(devices)
-            entry = f"{xr.device_type()} {label}"
-            # Wide enough for its text if possible, at least min_width, and the row must fit
-            # in max_width columns (one border character per cell plus one).
-            available = max((max_width - len(row) - 1) // len(row), len(entry))
-            width = min(max(min_width, int(6 * scale), len(entry) + 2), available)
-            left, rest = divmod(max(width - len(entry), 0), 2)
-            top, rest_v = divmod(height - 1, 2)
-            padding = (top, left + rest, top + rest_v, left)
-            style = rich.style.Style()
-            if use_color:
-                color = colors.setdefault(tuple(devices), _PALETTE[len(colors) % len(_PALETTE)])
-                style = rich.style.Style(bgcolor=color, color="white")
+            label = str(devices) if lists else str(devices[0])
             cells.append(
                 rich.padding.Padding(
-                    rich.align.Align(entry, "center", vertical="middle"), padding, style=style))
+                    rich.align.Align(f"{xr.device_type()} {label}", "center", vertical="middle"),
+                    (1, 1, 1, 1), style=rich.style.Style(bgcolor=None, color=None)))
         table.add_row(*cells)
     console.print(table, end="\n\n")
     return table
