@@ -30,11 +30,17 @@ _orig_reduce_ex = torch.Tensor.__reduce_ex__
 _orig_deepcopy = torch.Tensor.__deepcopy__
 
 
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t)
+
+
 def _spmd_repr(self, *, tensor_contents=None):
     """Formats an spmd tensor the way torch formats a tensor on a non-default device (cuda,
     xla): the values of its host copy, then ``device=...``, dtype/size and autograd suffixes.
     Functionalization wrappers would otherwise print as ``_to_functional_tensor(...)``."""
-    if not is_spmd_tensor(self):
+    if not is_spmd_tensor(self) or _is_fake(self):
+        # (dynamo's and AOTAutograd's fake tensors report the device they stand for)
         return _orig_repr(self, tensor_contents=tensor_contents)
     from torch import _tensor_str as ts
     with torch.no_grad():

@@ -190,11 +190,11 @@ class MarkShardingFunction(torch.autograd.Function):
     def forward(ctx, torch_tensor: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
         ctx.mesh = mesh
         ctx.partition_spec = partition_spec
-        return _constrained_copy(torch_tensor, mesh, partition_spec)
+        return _aot_constrained_copy(torch_tensor, mesh, partition_spec)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return _constrained_copy(grad_output, ctx.mesh, ctx.partition_spec), None, None
+        return _aot_constrained_copy(grad_output, ctx.mesh, ctx.partition_spec), None, None
 
 
 def _constrained_copy(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
@@ -202,6 +202,36 @@ def _constrained_copy(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tens
         return None
     out = unwrap_sharded_tensor(t).clone()  # a pending value: the annotation is a constraint
     return mark_sharding(out, mesh, partition_spec).global_tensor
+
+
+def _aot_constrained_copy(t: Optional[torch.Tensor], mesh: Mesh, partition_spec):
+    """``_constrained_copy`` through the op ``xla::aot_mark_sharding`` (mesh and spec as
+    strings, as PyTorch/XLA's), so that AOTAutograd and dynamo keep it in the graphs they
+    capture; its fake kernel gives an empty tensor of the input's type."""
+    if t is None:
+        return None
+    op = _aot_mark_sharding_op()
+    if op is None:  # (a real torch_xla in this process owns the name)
+        return _constrained_copy(t, mesh, partition_spec)
+    return op(unwrap_sharded_tensor(t), str(mesh), str(_partition_spec.normalize(partition_spec)))
+
+
+def _aot_mark_sharding_op():
+    if not hasattr(_aot_mark_sharding_op, "op"):
+        try:
+            @torch.library.custom_op("xla::aot_mark_sharding", mutates_args=())
+            def aot_mark_sharding(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
+                import ast
+                return _constrained_copy(t, Mesh.from_str(mesh), ast.literal_eval(partition_spec))
+
+            @aot_mark_sharding.register_fake
+            def _(t, mesh, partition_spec):
+                return torch.empty_like(t)
+
+            _aot_mark_sharding_op.op = aot_mark_sharding
+        except RuntimeError:
+            _aot_mark_sharding_op.op = None
+    return _aot_mark_sharding_op.op
 
 
 def mark_sharding_with_gradients(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,

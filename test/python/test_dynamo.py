@@ -1,0 +1,122 @@
+"""torch.compile on spmd tensors (torch_spmd/_dynamo_support.py): dynamo fakifies them, the
+`openxla` backend runs each captured graph's outputs at the call, `spmd` leaves them to the
+step; both train equal to CPU eager under sharding. dynamo_mark_sharding and
+MarkShardingFunction (through AOTAutograd) annotate inside compiled regions as outside."""
+import numpy as np
+import pytest
+import torch
+
+import torch_spmd
+import torch_spmd.core.xla_model as xm
+import torch_spmd.debug.metrics as met
+import torch_spmd.distributed.spmd as xs
+from torch_spmd import _C
+from conftest import ensure_devices
+
+DEV = torch_spmd.device()
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def _pending(t):
+    return "aten::" in _C._graph_text([t])
+
+
+@pytest.fixture
+def mesh():
+    ensure_devices(8)
+    torch._dynamo.reset()
+    yield xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["openxla", "spmd"])
+@pytest.mark.parametrize("layout", ["data", "fsdp", "2d"])
+def test_compiled_training_equals_cpu(mesh, backend, layout):
+    torch.manual_seed(0)
+    cpu, dev = MLP(), MLP()
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to(DEV)
+    if layout == "fsdp":
+        for p in dev.parameters():
+            xs.mark_sharding(p, mesh, (("data", "model"),) + (None,) * (p.dim() - 1))
+    elif layout == "2d":
+        xs.mark_sharding(dev.fc1.weight, mesh, ("model", "data"))
+        xs.mark_sharding(dev.fc2.weight, mesh, ("data", "model"))
+    opt_cpu = torch.optim.Adam(cpu.parameters(), lr=1e-2)
+    opt_dev = torch.optim.Adam(dev.parameters(), lr=1e-2)
+    compiled = torch.compile(dev, backend=backend)
+    torch._dynamo.utils.counters.clear()
+    for step in range(5):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step))
+        xd = x.to(DEV)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        out = compiled(xd)
+        assert _pending(out) == (backend == "spmd")  # openxla ran the graph at the call
+        out.pow(2).mean().backward()
+        opt_dev.step()
+        opt_dev.zero_grad()
+        xm.mark_step()
+        cpu(x).pow(2).mean().backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+    # Dynamo captured the forward once: the same shapes and layouts pass its guards.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.cpu(), p_cpu.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_dynamo_mark_sharding_in_a_compiled_region_gives_the_collectives_of_eager(mesh):
+    device_ids, shape, names = list(range(8)), [4, 2], "('data', 'model')"
+
+    def fn(a, b):
+        h = a @ b
+        torch.ops.xla.dynamo_mark_sharding(h, device_ids, shape, names, "('data', 'model')")
+        return (h * 2).sum(0)
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 8), torch.randn(8, 32)
+    results, kinds = [], []
+    for f in (fn, torch.compile(fn, backend="spmd")):
+        out = f(a.to(DEV), b.to(DEV))
+        xm.mark_step()
+        results.append(out.cpu())
+        kinds.append(sorted((c["kind"], c["bytes"])
+                            for c in torch_spmd.debug.last_step_stats()["collectives"]))
+    torch.testing.assert_close(results[0], (a @ b * 2).sum(0))
+    torch.testing.assert_close(results[1], results[0])
+    assert kinds[0] and kinds[1] == kinds[0]
+
+
+def test_mark_sharding_function_is_kept_by_aot_autograd(mesh):
+    from functorch.compile import aot_function, make_boxed_func
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    line = xs.Mesh(np.arange(8), (8,), ("x",))
+    fn = aot_function(lambda x: xs.MarkShardingFunction.apply(torch.sin(x), line, ("x",)) + 1,
+                      keep)
+    x = torch.randn(8).to(DEV).requires_grad_(True)
+    y = fn(x)
+    y.sum().backward()
+    xm.mark_step()
+    assert "devices=[8]" in _C._get_sharding_spec(y)
+    assert "devices=[8]" in _C._get_sharding_spec(x.grad)
+    assert all("aot_mark_sharding" in gm.code for gm in graphs) and len(graphs) == 2
+    torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
+
+
+def test_unknown_backend_names_still_fail_as_in_torch():
+    with pytest.raises(Exception, match="not_a_backend"):
+        torch.compile(MLP(), backend="not_a_backend")(torch.randn(2, 32))
