@@ -56,8 +56,18 @@ class BatchedMatmul : public torch::autograd::Function<BatchedMatmul> {
   }
 };
 
+// Whether `t` holds a recorded value (through its functionalization wrapper, if any). Fake
+// tensors that dynamo and AOTAutograd make of spmd tensors carry the spmd device, and with it
+// this kernel's dispatch key, but nothing to record.
+bool Recordable(const at::Tensor& t) {
+  namespace F = at::functionalization::impl;
+  const at::Tensor& inner = F::isFunctionalTensor(t) ? F::unsafeGetFunctionalWrapper(t)->value() : t;
+  return TryGetLazyImpl(inner) != nullptr;
+}
+
 at::Tensor MatmulAutograd(const at::Tensor& a, const at::Tensor& b) {
-  if (partition::RecordMatmulWhole(Shape(a.sizes().begin(), a.sizes().end()),
+  if (Recordable(a) && Recordable(b) &&
+      partition::RecordMatmulWhole(Shape(a.sizes().begin(), a.sizes().end()),
                                    Shape(b.sizes().begin(), b.sizes().end())))
     return BatchedMatmul::apply(a, b);
   return at::native::matmul(a, b);  // the composite definition, differentiated op by op
