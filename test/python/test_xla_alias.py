@@ -431,3 +431,16 @@ def test_distribute_module_with_auto_policy_moves_the_module_and_auto_shards(mes
         torch.testing.assert_close(model.weight.grad.cpu(), cpu.weight.grad, rtol=1e-5, atol=1e-5)
     finally:
         torch_spmd._C._set_auto_sharding(False, {})
+
+
+def test_tensor_debug_info_reports_device_shape_sharding_and_data(mesh8):
+    from torch_spmd.xla import _XLAC
+    t = torch.arange(8.0).reshape(1, 8).to(torch_spmd.device())
+    st = xs.mark_sharding(t, xs.Mesh(np.arange(8), (1, 8)), (0, 1))
+    info = _XLAC._get_xla_tensor_debug_info(st.global_tensor)
+    for field in ("XLAShardedData", "Data Device: SPMD:0", "XLA Shape: f32[1,8]",
+                  "OpSharding: {devices=[1,8]0,1,2,3,4,5,6,7}", "NumShards: 8", "IR: None"):
+        assert field in info, (field, info)
+    pending = _XLAC._get_xla_tensor_debug_info(t + 1)
+    assert "IR: aten::add.Tensor" in pending and "XLAData: None" in pending
+    assert "ShardingSpec: None" in _XLAC._get_xla_tensor_debug_info(torch.ones(3).to(t.device))

@@ -2,12 +2,13 @@
 module that have an honest meaning on torch_spmd.
 
 Only what torch_spmd can answer truthfully is here. Functions whose result is XLA's own
-artifacts (``_get_xla_tensor_debug_info``, ``OpSharding``, ``_xla_mark_sharding`` with an
-OpSharding, the ``_xla_spmd_*`` collectives) are deliberately missing, so code calling them
-fails with an AttributeError instead of getting a fake answer. ``_get_xla_tensors_hlo``
-answers with torch_spmd's own program text (no XLA instruction names), its shardings written
-as XLA's ``sharding={...}`` attribute: code checking which sharding a value carries works,
-code matching XLA's instructions does not.
+artifacts (``OpSharding``, ``_xla_mark_sharding`` with an OpSharding, the ``_xla_spmd_*``
+collectives) are deliberately missing, so code calling them fails with an AttributeError
+instead of getting a fake answer. ``_get_xla_tensors_hlo`` answers with torch_spmd's own
+program text (no XLA instruction names), its shardings written as XLA's ``sharding={...}``
+attribute: code checking which sharding a value carries works, code matching XLA's
+instructions does not. ``_get_xla_tensor_debug_info`` lays out what torch_spmd knows of a
+tensor in PyTorch/XLA's fields (device, shape, sharding, the node or the data behind it).
 """
 import re
 from typing import List, Optional, Sequence
@@ -55,6 +56,32 @@ def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
     """The pending IR of the tensors in torch_spmd's text form (not HLO), each value's sharding
     written as XLA writes an instruction's: ``, sharding={devices=[1,8]0,1,...}``."""
     return _SHARDING_AT_END.sub(r", sharding=\1", _get_xla_tensors_text(tensors))
+
+
+def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
+    """PyTorch/XLA's per-tensor debug text, with torch_spmd's facts: the device, the global
+    shape, the sharding (``None`` when it has none: an unannotated upload), then either the
+    pending op that computes it (``IR:``) or its data on the devices (``XLAShardedData`` /
+    ``XLAData``, with its layout and the number of device shards). torch_spmd uploads at
+    ``.to()``, so ``Tensor on host`` is always None (PyTorch/XLA's virtual device may hold a
+    tensor on the host until it is annotated)."""
+    t = _plain(t)
+    lines = _C._graph_text([t]).splitlines()
+    output = lines[-1].split(": ", 1)[1].split(",")[0].strip()
+    node = next(line for line in lines if line.startswith(output + " = "))
+    shape = re.sub(r" \{[^{}]*\}$", "", node.rsplit(" : ", 1)[1])
+    spec = _C._get_sharding_spec(t) or None
+    device = f"SPMD:{_device.device().index or 0}"
+    info = ["XLATensor {", f"Device: {device}", f"XLA Shape: {shape}", f"ShardingSpec: {spec}"]
+    if "= spmd::device_data()" in node:
+        kind = "XLAShardedData" if spec else "XLAData"
+        info += ["IR: None", f"{kind}: ", f"  Data Device: {device}", f"  Data Shape: {shape}",
+                 f"  OpSharding: {spec or '{replicated}'}",
+                 f"  NumShards: {_xr.global_runtime_device_count()}"]
+    else:
+        info += [f"IR: {node.split(' = ', 1)[1]}", "XLAData: None"]
+    info += ["Tensor on host: None", "}"]
+    return "\n".join(info) + "\n"
 
 
 def _xla_sync_multi(tensors: Sequence[torch.Tensor], devices=(), wait: bool = True,
