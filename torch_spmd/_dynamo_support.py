@@ -26,7 +26,6 @@ from typing import List
 import torch
 
 _installed = False
-_PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 
 
 def _fakify_like_xla() -> None:
@@ -75,10 +74,11 @@ def _register_backends() -> None:
     import sys
     from torch._dynamo.backends import registry
     registry._lazy_import()  # torch's own backends first ("openxla" among them)
-    real_torch_xla = "torch_xla" in sys.modules and not getattr(
-        sys.modules["torch_xla"], "__file__", "").startswith(_PACKAGE_DIR)
-    if importlib.util.find_spec("torch_xla") is not None and "torch_xla" not in sys.modules:
-        real_torch_xla = True
+    from . import xla
+    # (Under torch_spmd.xla.install(), `torch_xla` resolves to torch_spmd's own modules, and
+    # install() refuses to run where a real torch_xla exists.)
+    real_torch_xla = not xla.is_installed() and (
+        "torch_xla" in sys.modules or importlib.util.find_spec("torch_xla") is not None)
     for name, run_outputs in (("openxla", True), ("spmd", False)):
         if name == "openxla" and real_torch_xla:
             continue
