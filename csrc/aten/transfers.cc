@@ -141,7 +141,7 @@ void Resize(OpPlan& plan, torch::jit::Stack* stack) {
   stack->push_back(self);
 }
 
-// detach_copy, alias_copy, lift_fresh_copy: the result has the input's value. IR values
+// detach_copy, alias_copy, lift_fresh(_copy): the result has the input's value. IR values
 // are immutable, so the new tensor simply shares it: no node, nothing to compute, and a
 // parameter made by Module.to() (a detached upload) is still device data that mark_sharding
 // can lay out at once.
@@ -183,6 +183,7 @@ SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
       {"aten::detach_copy", SameValue},
       {"aten::alias_copy", SameValue},
       {"aten::lift_fresh_copy", SameValue},
+      {"aten::lift_fresh", SameValue},  // (torch.tensor(data, device=...), torch >= 2.13)
       {"aten::clone", CloneKeepingAnnotation},
   };
   auto it = table->find(qualified_name);

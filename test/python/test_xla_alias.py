@@ -435,7 +435,9 @@ def test_distribute_module_with_auto_policy_moves_the_module_and_auto_shards(mes
 
 def test_tensor_debug_info_reports_device_shape_sharding_and_data(mesh8):
     from torch_spmd.xla import _XLAC
-    t = torch.arange(8.0).reshape(1, 8).to(torch_spmd.device())
+    # (torch.tensor(data, device=...) is device data at once, as an upload is: its lift_fresh
+    # records nothing, so mark_sharding lays the data out.)
+    t = torch.tensor([[0.0, 1, 2, 3, 4, 5, 6, 7]], device=torch_spmd.device())
     st = xs.mark_sharding(t, xs.Mesh(np.arange(8), (1, 8)), (0, 1))
     info = _XLAC._get_xla_tensor_debug_info(st.global_tensor)
     for field in ("XLAShardedData", "Data Device: SPMD:0", "XLA Shape: f32[1,8]",

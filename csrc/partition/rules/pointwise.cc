@@ -157,7 +157,7 @@ void RegisterPointwiseRules() {
   // (mul is linear in either factor; div in its numerator.)
   RegisterRules({"aten::neg", "aten::clone", "aten::mul"}, LinearIn(Pointwise, {-1}));
   // Views of their operand in the program the user wrote (the functional IR copies them).
-  RegisterRules({"aten::detach_copy", "aten::alias_copy", "aten::lift_fresh_copy"},
+  RegisterRules({"aten::detach_copy", "aten::alias_copy", "aten::lift_fresh_copy", "aten::lift_fresh"},
                 AsView(LinearIn(Pointwise, {-1}), ViewKind::kReshape));
   RegisterRules({"aten::add.Tensor", "aten::sub.Tensor"}, Additive(Pointwise));
   RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
