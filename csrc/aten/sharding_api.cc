@@ -149,7 +149,9 @@ at::Tensor FullToShard(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "_spmd_full_to_shard_shape");
   Sharding s = GetSharding(t);
-  TORCH_CHECK(s.valid() && !s.IsReplicated() && !s.is_manual() && !s.IsPartial(),
+  // (A replicated annotation, which a mesh of one device gives every spec, is a tiling into
+  // one tile: each device's shard is the whole tensor, as PyTorch/XLA takes it.)
+  TORCH_CHECK(s.valid() && !s.is_manual() && !s.IsPartial(),
               "_spmd_full_to_shard_shape needs a tensor with a tiled sharding (mark_sharding "
               "first), got ", s.valid() ? s.ToString() : std::string("no sharding"));
   const ir::Value& in = impl->slot()->value;

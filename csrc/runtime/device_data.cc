@@ -108,13 +108,20 @@ void ExtractShardInto(const at::Tensor& global, const Sharding& sharding, int64_
   out.copy_(piece);
 }
 
+namespace {
+// Set while Relayout moves data between devices through the host: that round trip emulates a
+// move on the devices, not a transfer from or to the host, so the transfer metrics
+// (OutboundData, InboundData) leave it out.
+thread_local bool t_relaying = false;
+}  // namespace
+
 std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
                                                  const Sharding& sharding) {
   TensorType type = TypeOf(host);
   if (Planning())  // the values are never read, but for ids and masks (KeepsKnownValue)
     return Planned(type, sharding, KeepsKnownValue(type) ? host.contiguous().clone() : at::Tensor());
   // Bytes sent to the devices, once per transfer (PyTorch/XLA's metric of the same name).
-  Metrics::Get().Record("OutboundData", static_cast<double>(type.bytes()));
+  if (!t_relaying) Metrics::Get().Record("OutboundData", static_cast<double>(type.bytes()));
   std::string label = "tensor " + type.ToString();
   at::Tensor global = host.contiguous();
   int64_t n = DeviceSet::Get().num_devices();
@@ -148,7 +155,7 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
 at::Tensor DeviceData::ToHost() const {
   if (planned_ && known_.defined()) return known_;
   if (planned_) throw PlannedDataError("read its values");
-  Metrics::Get().Record("InboundData", static_cast<double>(type_.bytes()));
+  if (!t_relaying) Metrics::Get().Record("InboundData", static_cast<double>(type_.bytes()));
   if (is_replicated()) return shards_.at(0)->tensor;
   SPMD_CHECK(!sharding_.is_manual(), "cannot read a manually sharded value back to the host");
   const Shape& global_shape = type_.shape;
@@ -200,7 +207,15 @@ at::Tensor DeviceData::ToHost() const {
 
 std::shared_ptr<DeviceData> DeviceData::Relayout(const Sharding& target) const {
   if (planned_) return Planned(type_, target, known_);
-  return FromHost(ToHost(), target);
+  t_relaying = true;
+  try {
+    std::shared_ptr<DeviceData> out = FromHost(ToHost(), target);
+    t_relaying = false;
+    return out;
+  } catch (...) {
+    t_relaying = false;
+    throw;
+  }
 }
 
 }  // namespace spmd::runtime

@@ -329,6 +329,34 @@ def test_manual_sharding_through_the_xlac_conversions(mesh8):
         _XLAC._spmd_full_to_shard_shape(torch.zeros(8, 8).to(torch_spmd.device()))
 
 
+def test_manual_sharding_on_one_device_takes_the_whole_tensor_as_its_shard():
+    """On a one-device mesh every spec is {replicated}: the manual region's shard is the whole
+    tensor, as PyTorch/XLA's CPU CI runs test_manual_sharding_e2e (a fresh process: the device
+    set cannot shrink under this module's live tensors)."""
+    code = textwrap.dedent("""
+        import numpy as np, torch, torch_spmd
+        import torch_spmd.distributed.spmd as xs
+        from torch_spmd.xla import _XLAC
+        mesh = xs.Mesh(np.arange(1), (1, 1))
+        x0 = torch.randn(8, 8)
+        x = x0.to(torch_spmd.device())
+        xs.mark_sharding(x, mesh, (0, 1))
+        xx = _XLAC._spmd_full_to_shard_shape(x)
+        assert xx.shape == (8, 8), xx.shape
+        yy = xs._mark_manual_sharding(xx + 1)
+        spec = mesh.get_op_sharding((0, 1))
+        assert spec == "{replicated}", spec
+        y = _XLAC._spmd_shard_to_full_shape(yy.global_tensor, spec, x.shape, x.dtype)
+        torch.testing.assert_close(y.cpu(), x0 + 1)
+        print("ok")
+    """)
+    env = dict(os.environ, SPMD_NUM_DEVICES="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
 def test_profiler_trace_annotations_are_real_and_the_service_is_not_faked(mesh8):
     # torch_xla.debug.profiler resolves to torch_spmd.debug.profiler under install().
     import torch_spmd.debug.profiler as xp
@@ -446,3 +474,15 @@ def test_tensor_debug_info_reports_device_shape_sharding_and_data(mesh8):
     pending = _XLAC._get_xla_tensor_debug_info(t + 1)
     assert "IR: aten::add.Tensor" in pending and "XLAData: None" in pending
     assert "ShardingSpec: None" in _XLAC._get_xla_tensor_debug_info(torch.ones(3).to(t.device))
+
+
+def test_laying_out_device_data_is_not_a_transfer(mesh8):
+    """mark_sharding of device data moves it between the devices: OutboundData counts the
+    upload once (PyTorch/XLA's test_outbound_data_metrics bounds it below two uploads)."""
+    import torch_spmd.debug.metrics as met
+    met.clear_all()
+    t = torch.tensor([[1.0, 2, 3, 4, 5, 6, 7, 8]], device=torch_spmd.device())
+    xs.mark_sharding(t, xs.Mesh(np.arange(8), (1, 8)), (0, 1))
+    assert met.metric_data("OutboundData")[1] == t.nelement() * t.element_size()
+    assert met.metric_data("InboundData") is None
+    torch.testing.assert_close(t.cpu(), torch.arange(1.0, 9).reshape(1, 8))

@@ -187,11 +187,15 @@ def _spmd_full_to_shard_shape(t: torch.Tensor) -> torch.Tensor:
     return _C._spmd_full_to_shard_shape(_plain(t))
 
 
-def _sharding_args_from_text(text: str) -> tuple:
+def _sharding_args_from_text(text: str, rank: int) -> tuple:
     """``_C`` sharding arguments (device ids, mesh shape, axis names, dim axes) of an XLA text
-    sharding ``{devices=[a,b(,r)]ids... (last_tile_dim_replicate)}``: a mesh shaped like the
-    tile assignment, tensor dim d tiled by mesh axis d."""
+    sharding of a rank-``rank`` tensor: ``{devices=[a,b(,r)]ids... (last_tile_dim_replicate)}``
+    gives a mesh shaped like the tile assignment, tensor dim d tiled by mesh axis d;
+    ``{replicated}`` (what a one-device mesh gives every spec) tiles no dim."""
     import re
+    if text.strip() == "{replicated}":
+        n = _xr.global_runtime_device_count()
+        return list(range(n)), [n], [], [[] for _ in range(rank)]
     m = re.fullmatch(r"\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}", text.strip())
     if not m:
         raise ValueError(f"expected a tiled sharding like '{{devices=[1,8]0,...,7}}', got {text!r}")
@@ -204,5 +208,5 @@ def _sharding_args_from_text(text: str) -> tuple:
 def _spmd_shard_to_full_shape(t: torch.Tensor, sharding: str, full_shape, dtype=None) -> torch.Tensor:
     """The ``{manual}`` tensors ``t`` as the shards of a ``full_shape`` tensor laid out as
     ``sharding`` (XLA text form, what ``Mesh.get_op_sharding`` returns here)."""
-    return _C._spmd_shard_to_full_shape(_plain(t), *_sharding_args_from_text(sharding),
+    return _C._spmd_shard_to_full_shape(_plain(t), *_sharding_args_from_text(sharding, len(full_shape)),
                                         [int(d) for d in full_shape])
