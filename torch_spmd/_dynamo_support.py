@@ -21,6 +21,7 @@ backends, and ``torch.ops.xla.dynamo_mark_sharding``.
   pass through.
 """
 import ast
+import warnings
 from typing import List
 
 import torch
@@ -129,4 +130,9 @@ def install() -> None:
     _installed = True
     _fakify_like_xla()
     torch.compile = _compile_registering_backends(torch.compile)
+    # A compiled module warns at every call when global module hooks exist. torch_spmd's own
+    # (the module scopes of its reports, debug/module_scope.py) fire once more for the
+    # OptimizedModule, which adds an unnamed scope and nothing else: not the user's concern.
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there "
+                            r"are global hooks on modules")
     _define_dynamo_mark_sharding()
