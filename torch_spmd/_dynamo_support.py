@@ -120,6 +120,10 @@ def _define_dynamo_mark_sharding() -> None:
         return input
 
     library.impl("dynamo_mark_sharding", dynamo_mark_sharding, "CompositeExplicitAutograd")
+    # (torch < 2.8 has no autograd fallback for a custom op's explicit kernel: without this,
+    # a call on a tensor of an autograd backend is "not available for Autograd<device>". The
+    # op is an annotation: it has no derivative of its own.)
+    library.impl("dynamo_mark_sharding", dynamo_mark_sharding, "Autograd")
     _define_dynamo_mark_sharding.library = library  # (kept alive: it owns the registration)
 
 

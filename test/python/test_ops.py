@@ -476,7 +476,9 @@ C("like_factories", "zeros_like ones_like full_like",
 C("factories_in_math", "arange mul add",
   lambda a: a + torch.arange(4, device=a.device) * 0.5 + torch.ones(4, device=a.device),
   lambda r: (r.g(3, 4),))
-C("tensor_literal", "lift_fresh",
+# (torch.tensor(data, device=...) is device data at once: its lift_fresh records nothing, as
+# lift_fresh_copy and detach_copy do not; the product with it is what runs on the device.)
+C("tensor_literal", "mul",
   lambda a: a * torch.tensor([1.0, 2.0, 3.0, 4.0], device=a.device), lambda r: (r.g(3, 4),))
 
 # ---- sorting and selection ----------------------------------------------------------------
