@@ -207,15 +207,11 @@ at::Tensor DeviceData::ToHost() const {
 
 std::shared_ptr<DeviceData> DeviceData::Relayout(const Sharding& target) const {
   if (planned_) return Planned(type_, target, known_);
-  t_relaying = true;
-  try {
-    std::shared_ptr<DeviceData> out = FromHost(ToHost(), target);
-    t_relaying = false;
-    return out;
-  } catch (...) {
-    t_relaying = false;
-    throw;
-  }
+  struct Relaying {
+    Relaying() { t_relaying = true; }
+    ~Relaying() { t_relaying = false; }
+  } relaying;
+  return FromHost(ToHost(), target);
 }
 
 }  // namespace spmd::runtime

@@ -66,10 +66,10 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     ``.to()``, so ``Tensor on host`` is always None (PyTorch/XLA's virtual device may hold a
     tensor on the host until it is annotated)."""
     t = _plain(t)
-    lines = _C._graph_text([t]).splitlines()
+    lines = _get_xla_tensors_text([t]).splitlines()
     output = lines[-1].split(": ", 1)[1].split(",")[0].strip()
     node = next(line for line in lines if line.startswith(output + " = "))
-    shape = re.sub(r" \{[^{}]*\}$", "", node.rsplit(" : ", 1)[1])
+    shape = _SHARDING_AT_END.sub("", node.rsplit(" : ", 1)[1])
     spec = _C._get_sharding_spec(t) or None
     device = f"SPMD:{_device.device().index or 0}"
     info = ["XLATensor {", f"Device: {device}", f"XLA Shape: {shape}", f"ShardingSpec: {spec}"]
@@ -192,7 +192,6 @@ def _sharding_args_from_text(text: str, rank: int) -> tuple:
     sharding of a rank-``rank`` tensor: ``{devices=[a,b(,r)]ids... (last_tile_dim_replicate)}``
     gives a mesh shaped like the tile assignment, tensor dim d tiled by mesh axis d;
     ``{replicated}`` (what a one-device mesh gives every spec) tiles no dim."""
-    import re
     if text.strip() == "{replicated}":
         n = _xr.global_runtime_device_count()
         return list(range(n)), [n], [], [[] for _ in range(rank)]

@@ -213,6 +213,9 @@ RuleBuilder AsView(RuleBuilder inner, ViewKind kind) {
 RuleBuilder Additive(RuleBuilder inner) {
   return WithFlag(std::move(inner), &ShardingRule::additive, true);
 }
+RuleBuilder Joins(RuleBuilder inner) {
+  return WithFlag(std::move(inner), &ShardingRule::joins, true);
+}
 RuleBuilder ReadsNoExtents(RuleBuilder inner) {
   return WithFlag(std::move(inner), &ShardingRule::reads_extents, false);
 }

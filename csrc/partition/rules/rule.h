@@ -223,6 +223,8 @@ std::vector<std::string> RegisteredRuleNames();
 RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands = {0});
 // `inner` with ShardingRule::additive set.
 RuleBuilder Additive(RuleBuilder inner);
+// `inner` with ShardingRule::joins set.
+RuleBuilder Joins(RuleBuilder inner);
 // `inner` with ShardingRule::view set to `kind`.
 RuleBuilder AsView(RuleBuilder inner, ViewKind kind);
 // `inner` with ShardingRule::reads_extents cleared.

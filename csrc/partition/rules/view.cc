@@ -210,15 +210,6 @@ RuleBuilder WithRowsOf(RuleBuilder inner) {
     return rule;
   };
 }
-// `inner` with ShardingRule::joins set: the result is the operand with constant blocks beside
-// it (constant_pad_nd).
-RuleBuilder Joins(RuleBuilder inner) {
-  return [inner](const ir::Node& node) -> std::optional<ShardingRule> {
-    std::optional<ShardingRule> rule = inner(node);
-    if (rule) rule->joins = true;
-    return rule;
-  };
-}
 // constant_pad_nd's padded dims: pad = [left, right] per dim from the last one; dims padded by
 // nothing keep their sharding (padding a sequence leaves the batch sharded).
 std::vector<int64_t> PaddedDims(const ir::Node& n, int64_t rank) {
@@ -271,7 +262,6 @@ std::optional<ShardingRule> Join(const ir::Node& node, bool stack) {
     rule.operands.push_back(fin);
   }
   rule.results = {fout};
-  rule.joins = true;
   return rule;
 }
 
@@ -369,8 +359,10 @@ void RegisterViewRules() {
                 ReadsNoExtents(AsView(LinearIn(SqueezeLike), ViewKind::kReshape)));
   RegisterRules({"aten::select_copy", "aten::unbind_copy"},
                 ReadsNoExtents(AsView(LinearIn(Select), ViewKind::kSubset)));
-  RegisterRule("aten::cat", Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, false); })));
-  RegisterRule("aten::stack", Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, true); })));
+  RegisterRule("aten::cat",
+               Joins(Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, false); }))));
+  RegisterRule("aten::stack",
+               Joins(Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, true); }))));
   RegisterRule("aten::slice_scatter",
                ReadsNoExtents([](const ir::Node& n) { return ScatterInto(n, false); }));
   RegisterRule("aten::select_scatter",

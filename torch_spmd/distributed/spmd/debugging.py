@@ -86,7 +86,7 @@ def visualize_sharding(sharding: str,
             cells.append(
                 rich.padding.Padding(
                     rich.align.Align(f"{xr.device_type()} {label}", "center", vertical="middle"),
-                    (1, 1, 1, 1), style=rich.style.Style(bgcolor=None, color=None)))
+                    (1, 1, 1, 1), style=rich.style.Style()))
         table.add_row(*cells)
     console.print(table, end="\n\n")
     return table
