@@ -7,4 +7,5 @@ void BindSharding(pybind11::module_& m);
 void BindCollectives(pybind11::module_& m);
 void BindReplica(pybind11::module_& m);
 void BindPlan(pybind11::module_& m);
+void BindGraphTemplates(pybind11::module_& m);
 }  // namespace spmd

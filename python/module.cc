@@ -208,4 +208,5 @@ PYBIND11_MODULE(_C, m) {
   spmd::BindCollectives(m);
   spmd::BindReplica(m);
   spmd::BindPlan(m);
+  spmd::BindGraphTemplates(m);
 }

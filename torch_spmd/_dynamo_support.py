@@ -51,19 +51,141 @@ def _fakify_like_xla() -> None:
     meta_utils.MetaTensorDescriber.describe_tensor = describe_tensor
 
 
+class _Replayer:
+    """One AOTAutograd graph (a forward, a backward or an inference graph), called boxed: the
+    first call with given non-tensor arguments runs the graph's ops (recording them, as any
+    lazy code) inside a capture (``_C._TemplateCapture``, csrc/aten/graph_template.h); later
+    calls instantiate the captured template on the new inputs in one C++ call. A graph whose
+    run cannot be replayed (an eager fallback, a sync, an input updated in place, a CPU tensor
+    input) runs its ops every call; ``why_not`` says why."""
+
+    _MAX_TEMPLATES = 8  # per non-tensor arguments (different input shapes, dynamic shapes)
+
+    def __init__(self, gm: torch.fx.GraphModule, run_outputs: bool):
+        self.gm = gm
+        self.run_outputs = run_outputs
+        self.templates = {}  # non-tensor arguments -> [(template, output plan)]
+        self.why_not = None
+
+    def __call__(self, args):
+        from . import _C
+        tensors, key, replayable = [], [], True
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if a.device.type == "spmd":
+                    tensors.append(a)
+                    key.append(None)
+                else:
+                    replayable = False
+            else:
+                key.append(a)
+        if not replayable:
+            return self._run(args)
+        key = tuple(key)
+        for tmpl, plan in self.templates.get(key, ()):
+            made = tmpl.instantiate(tensors)
+            if made:
+                return self._finish(self._assemble(plan, args, made))
+        if self.why_not is not None:
+            return self._run(args)
+        capture = _C._TemplateCapture(tensors)
+        try:
+            outputs = self.gm(*args)
+        except BaseException:
+            capture.finish([])
+            raise
+        plan, new = self._output_plan(args, outputs)
+        tmpl, why_not = capture.finish(new)
+        if plan is None:
+            tmpl, why_not = None, "an output is a tensor off the spmd device"
+        if tmpl is None:
+            self.why_not = why_not
+        else:
+            bucket = self.templates.setdefault(key, [])
+            if len(bucket) < self._MAX_TEMPLATES:
+                bucket.append((tmpl, plan))
+        return self._finish(outputs)
+
+    def _run(self, args):
+        return self._finish(self.gm(*args))
+
+    @staticmethod
+    def _output_plan(args, outputs):
+        """How to rebuild the outputs: ("arg", i) an input tensor itself, ("out", k) an
+        earlier output, ("new", j) the template's j-th output, ("const", v) anything else
+        that is not a tensor. None when an output is a tensor off the spmd device."""
+        plan, new = [], []
+        by_id = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        seen = {}
+        for k, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                plan.append(("const", out))
+            elif id(out) in by_id:
+                plan.append(("arg", by_id[id(out)]))
+            elif id(out) in seen:
+                plan.append(("out", seen[id(out)]))
+            elif out.device.type != "spmd":
+                return None, []
+            else:
+                seen[id(out)] = k
+                plan.append(("new", len(new)))
+                new.append(out)
+        return plan, new
+
+    @staticmethod
+    def _assemble(plan, args, made):
+        outputs = []
+        for kind, x in plan:
+            outputs.append(made[x] if kind == "new" else args[x] if kind == "arg"
+                           else outputs[x] if kind == "out" else x)
+        return outputs
+
+    def _finish(self, outputs):
+        if self.run_outputs:
+            from . import _C
+            flat = [t for t in outputs if isinstance(t, torch.Tensor) and t.device.type == "spmd"]
+            if flat:
+                _C._sync_tensors([t.detach() for t in flat])
+        return outputs
+
+
 def _backend(run_outputs: bool):
+    """A dynamo backend: AOTAutograd splits each captured graph into forward and backward
+    graphs of ATen ops, and each is replayed (``_Replayer``)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        replay = _Replayer(gm, run_outputs)
+        replay._boxed_call = True
+        return replay
+
+    compile_aot = aot_autograd(fw_compiler=compile_graph)
+
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
-        def run(*args):
-            outputs = gm(*args)
-            if run_outputs:
-                from . import _C
-                flat = [t for t in torch.utils._pytree.tree_leaves(outputs)
-                        if isinstance(t, torch.Tensor) and t.device.type == "spmd"]
-                if flat:
-                    _C._sync_tensors([t.detach() for t in flat])
-            return outputs
-        return run
+        _read_annotated_values(gm)
+        return compile_aot(gm, example_inputs)
+
     return compile_fn
+
+
+def _read_annotated_values(gm: torch.fx.GraphModule) -> None:
+    """``dynamo_mark_sharding(t, ...)`` annotates ``t`` in place and returns it; a program
+    calls it for that effect and goes on using ``t``. AOTAutograd's functional graphs would
+    drop the call as dead code (nothing reads its result), so later readers of ``t`` are made
+    to read the call's result: the annotated value, which is what they read in eager."""
+    marks = (torch.ops.xla.dynamo_mark_sharding, torch.ops.xla.dynamo_mark_sharding.default)
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in marks:
+            continue
+        annotated = node.args[0]
+        if isinstance(annotated, torch.fx.Node):
+            annotated.replace_all_uses_with(
+                node, delete_user_cb=lambda user, at=order[node]: order[user] > at)
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _register_backends() -> None:
@@ -117,13 +239,21 @@ def _define_dynamo_mark_sharding() -> None:
             from .distributed.spmd import Mesh, mark_sharding
             mesh = Mesh(device_ids, tuple(mesh_shape), ast.literal_eval(axis_names))
             mark_sharding(input, mesh, ast.literal_eval(partition_spec))
-        return input
+        # (A copy: a custom op's result may not alias its input. The copy of the annotated
+        # value has its sharding; a compiled graph's later readers read it, see
+        # _read_annotated_values.)
+        return input.clone()
+
+    def below_autograd(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.xla.dynamo_mark_sharding(*args)
 
     library.impl("dynamo_mark_sharding", dynamo_mark_sharding, "CompositeExplicitAutograd")
     # (torch < 2.8 has no autograd fallback for a custom op's explicit kernel: without this,
     # a call on a tensor of an autograd backend is "not available for Autograd<device>". The
-    # op is an annotation: it has no derivative of its own.)
-    library.impl("dynamo_mark_sharding", dynamo_mark_sharding, "Autograd")
+    # op is an annotation: it has no derivative of its own. The kernel dispatches on, so that
+    # tracers below autograd, AOTAutograd's among them, see the op.)
+    library.impl("dynamo_mark_sharding", below_autograd, "Autograd")
     _define_dynamo_mark_sharding.library = library  # (kept alive: it owns the registration)
 
 

@@ -235,8 +235,10 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
   if (k.kind == FixKind::kDetach) {
     // Other devices' functional tensors (AOTAutograd tracing a CPU or CUDA model under
     // torch.compile) keep torch's detach, an alias of self as its schema says: a copy there
-    // breaks the tracer's storage aliasing.
-    if (self.device().type() != c10::DeviceType::PrivateUse1)
+    // breaks the tracer's storage aliasing. So do fake spmd tensors (AOTAutograd tracing a
+    // program on spmd tensors): they hold no LazyImpl.
+    if (self.device().type() != c10::DeviceType::PrivateUse1 ||
+        !dynamic_cast<LazyImpl*>(F::from_functional_tensor(self).unsafeGetTensorImpl()))
       return k.original.callBoxed(op, ks, stack);
     // A detach is metadata to the program the user wrote; what functionalization runs for it
     // (a sync, a detach_copy) is not shown to an active Python dispatch mode. Selective

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "aten/graph_template.h"
 #include "aten/recorder.h"
 #include "core/metrics.h"
 #include "partition/rules/rule.h"
@@ -14,6 +15,8 @@ using partition::ViewKind;
 
 bool RunsOnHost(const OpPlan& plan, const ir::Node& node) {
   using runtime::DeviceData;
+  // (A region being captured for replay keeps its ops: graph_template.h.)
+  if (CapturingTemplate()) return false;
   // (In-place and out= ops write their arguments: they stay in the graph.)
   if (!plan.written_args.empty() ||
       std::any_of(plan.return_alias.begin(), plan.return_alias.end(), [](int a) { return a >= 0; }))
@@ -45,6 +48,7 @@ bool RunsOnHost(const OpPlan& plan, const ir::Node& node) {
 }
 
 std::vector<ir::Value> ComputeOnHost(const OpPlan& plan, c10::ArrayRef<c10::IValue> args) {
+  NoteHostWork();
   Count("HostBookkeepingOps");
   std::vector<c10::IValue> host = HostArguments(plan, args, nullptr, nullptr);
   plan.handle->callBoxed(&host);

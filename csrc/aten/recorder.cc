@@ -13,6 +13,7 @@
 #include <thread>
 #include <sstream>
 
+#include "aten/graph_template.h"
 #include "aten/host_bookkeeping.h"
 #include "aten/lazy_tensor.h"
 #include "aten/sync.h"
@@ -22,6 +23,24 @@
 #include "runtime/error_message.h"
 
 namespace spmd::aten {
+
+// A random op draws its seed at record time, from the generator it was given (or the default
+// CPU generator), and replays with a generator seeded with it (ops without a Generator argument
+// get the seed as an extra trailing arg; replay reseeds the default generator around the
+// kernel). So a node gives the same values every time it runs: it runs again when a later graph
+// needs it (its output and a value computed from it may be synced separately; dropout's mask
+// feeds the backward), and torch.manual_seed makes device randomness reproducible. The seed is a
+// run-time scalar: it does not change the graph key.
+ir::Arg DrawSeed(at::Generator gen) {
+  ir::Arg a;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    a.i = static_cast<int64_t>(at::check_generator<at::CPUGeneratorImpl>(gen)->random64() >> 1);
+  }
+  a.kind = ir::Arg::Kind::kScalarInt;
+  a.dynamic = true;
+  return a;
+}
 
 namespace {
 
@@ -93,7 +112,7 @@ class ArgConverter {
   void Convert(size_t i, const c10::IValue& v) {
     const ir::ArgSchema& schema = plan_.info->args[i];
     if (schema.type == ir::ArgType::kGenerator) {  // usually None: the default generator
-      args_.push_back(SeedArg(v.isNone() ? at::detail::getDefaultCPUGenerator()
+      args_.push_back(DrawSeed(v.isNone() ? at::detail::getDefaultCPUGenerator()
                                          : v.toGenerator()));
       meta_.push_back(c10::IValue());
       Mix(7);
@@ -203,25 +222,6 @@ class ArgConverter {
         Mix(args_.back().hash());
         return;
     }
-  }
-
- public:
-  // A random op draws its seed at record time, from the generator it was given (or the
-  // default CPU generator), and replays with a generator seeded with it (ops without a
-  // Generator argument get the seed as an extra trailing arg; replay reseeds the default
-  // generator around the kernel). So a node gives the same values every time it runs: it runs
-  // again when a later graph needs it (its output and a value computed from it may be synced
-  // separately; dropout's mask feeds the backward), and torch.manual_seed makes device
-  // randomness reproducible. The seed is a run-time scalar: it does not change the graph key.
-  static Arg SeedArg(at::Generator gen) {
-    Arg a;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      a.i = static_cast<int64_t>(at::check_generator<at::CPUGeneratorImpl>(gen)->random64() >> 1);
-    }
-    a.kind = Arg::Kind::kScalarInt;
-    a.dynamic = true;
-    return a;
   }
 
  private:
@@ -532,6 +532,7 @@ std::vector<c10::IValue> HostArguments(const OpPlan& plan, c10::ArrayRef<c10::IV
 }
 
 void RunEager(OpPlan& plan, torch::jit::Stack* stack) {
+  NoteHostWork();
   Count("EagerFallback");
   Count(plan.info->qualified);
   size_t num_args = plan.info->args.size();
@@ -664,7 +665,7 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
   }
 
   if (plan.reseed_default_generator)
-    conv.args().push_back(ArgConverter::SeedArg(at::detail::getDefaultCPUGenerator()));
+    conv.args().push_back(DrawSeed(at::detail::getDefaultCPUGenerator()));
   // A view's output layouts, found before the node takes the arguments (GraphMutex, held by
   // LazyFallback, guards the plan's cache).
   const std::vector<OpPlan::ViewLayout>* view_layouts = nullptr;

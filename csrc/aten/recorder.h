@@ -23,6 +23,9 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack);
 // (unless functionalization is excluded in this dispatch context).
 at::Tensor WrapOutput(const ir::Value& v, bool factory);
 
+// A random op's seed, drawn now from `gen` (recorder.cc says how seeds are used).
+ir::Arg DrawSeed(at::Generator gen);
+
 // Runs `op` on the host values of its arguments and uploads tensor results (replicated).
 void RunEager(OpPlan& plan, torch::jit::Stack* stack);
 // `args` with every spmd tensor replaced by its host value (pending ones are synced first) and

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "aten/auto_sharding.h"
+#include "aten/graph_template.h"
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "partition/cost.h"
@@ -469,6 +470,7 @@ void SyncSlots(const std::vector<SlotPtr>& requested) {
     users.push_back(&s);
   }
   if (outputs.empty()) return;
+  NoteHostWork();
   MergeAnnotatedCopies(outputs, slots_of);
 
   ir::Graph graph = ir::BuildGraph(outputs);
@@ -523,6 +525,7 @@ void SyncAll() {
 
 runtime::DeviceDataPtr Materialize(const SlotPtr& slot) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  NoteHostWork();  // (its callers read the data: a template would freeze it)
   if (!slot->value.node->is_data()) SyncSlots({slot});
   return std::static_pointer_cast<runtime::DeviceData>(slot->value.node->data());
 }

@@ -48,6 +48,8 @@ NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> a
   return std::make_shared<Node>(op, std::move(inputs), std::move(args), std::move(outputs));
 }
 
+uint64_t NextNodeId() { return g_next_node_id.load(std::memory_order_relaxed); }
+
 }  // namespace spmd::ir
 
 #include "ir/internal_ops.h"

@@ -95,6 +95,9 @@ class Node {
 NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
                  std::vector<TensorType> outputs);
 
+// The id the next node will get: every node made later has an id at least this (ids only grow).
+uint64_t NextNodeId();
+
 }  // namespace spmd::ir
 
 namespace spmd::ir {

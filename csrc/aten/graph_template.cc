@@ -1,0 +1,219 @@
+#include "aten/graph_template.h"
+
+#include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <atomic>
+#include <unordered_map>
+
+#include "aten/recorder.h"
+#include "aten/sharding_api.h"
+#include "core/error.h"
+#include "core/metrics.h"
+
+namespace spmd::aten {
+
+namespace {
+
+std::atomic<uint64_t> g_host_work{0};
+thread_local int t_open_captures = 0;
+
+struct ValueHash {
+  size_t operator()(const ir::Value& v) const {
+    return std::hash<const void*>()(v.node.get()) * 31 + static_cast<size_t>(v.index);
+  }
+};
+
+// The value a tensor holds now (looking through functionalization).
+const ir::Value& ValueOf(const at::Tensor& t) { return GetLazyImpl(t, "a replayed input")->slot()->value; }
+
+// A random node's seeds, drawn anew: its Generator arguments and the seed the recorder appended
+// after the schema's arguments (recorder.cc DrawSeed).
+void DrawFreshSeeds(const ir::OpInfo& op, std::vector<ir::Arg>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool seed = i >= op.args.size() || op.args[i].type == ir::ArgType::kGenerator;
+    if (seed) args[i] = DrawSeed(at::detail::getDefaultCPUGenerator());
+  }
+}
+
+}  // namespace
+
+bool CapturingTemplate() { return t_open_captures > 0; }
+
+void NoteHostWork() { g_host_work.fetch_add(1, std::memory_order_relaxed); }
+
+TemplateCapture::TemplateCapture(std::vector<at::Tensor> inputs)
+    : inputs_(std::move(inputs)),
+      first_node_id_(ir::NextNodeId()),
+      host_work_before_(g_host_work.load(std::memory_order_relaxed)) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  for (const at::Tensor& t : inputs_) {
+    const SlotPtr& slot = GetLazyImpl(t, "a replayed input")->slot();
+    before_.push_back(slot->value);
+    annotations_before_.push_back(slot->annotation);
+  }
+  ++t_open_captures;
+}
+
+TemplateCapture::~TemplateCapture() {
+  if (!finished_) --t_open_captures;
+}
+
+std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Tensor>& outputs,
+                                                       std::string* why_not) {
+  SPMD_CHECK(!finished_, "TemplateCapture::Finish called twice");
+  finished_ = true;
+  --t_open_captures;
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  auto fail = [&](std::string reason) -> std::shared_ptr<GraphTemplate> {
+    *why_not = std::move(reason);
+    return nullptr;
+  };
+  if (g_host_work.load(std::memory_order_relaxed) != host_work_before_)
+    return fail("the region ran work on the host (an eager fallback, a sync or a read)");
+
+  auto tmpl = std::make_shared<GraphTemplate>();
+  std::unordered_map<ir::Value, int, ValueHash> input_of;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const SlotPtr& slot = GetLazyImpl(inputs_[i], "a replayed input")->slot();
+    const ir::Value& now = slot->value;
+    tmpl->input_types_.push_back(before_[i].type());
+    auto [it, fresh] = input_of.emplace(before_[i], static_cast<int>(i));
+    tmpl->input_same_as_.push_back(fresh ? -1 : it->second);
+    tmpl->input_annotations_.emplace_back();
+    if (now == before_[i]) continue;
+    // A changed input: annotated inside the region (then its new value is the input too, and
+    // each instantiation annotates again), or updated in place (not replayable).
+    const Sharding& annotation = slot->annotation;
+    if (!annotation.valid() || annotation == annotations_before_[i])
+      return fail("an input was updated in place inside the region");
+    tmpl->input_annotations_.back() = annotation;
+    input_of.emplace(now, static_cast<int>(i));
+  }
+
+  // Template nodes in recording order: a post-order walk from the outputs that stops at inputs.
+  std::unordered_map<const ir::Node*, int> spec_of;   // template node index, -1: constant
+  std::string error;
+  auto ref_of = [&](const ir::Value& v) {
+    GraphTemplate::Ref r;
+    if (auto it = input_of.find(v); it != input_of.end()) {
+      r.kind = GraphTemplate::Ref::Kind::kInput;
+      r.index = it->second;
+    } else if (int spec = spec_of.at(v.node.get()); spec >= 0) {
+      r.kind = GraphTemplate::Ref::Kind::kNode;
+      r.index = spec;
+      r.output = v.index;
+    } else {
+      r.constant = v;
+    }
+    return r;
+  };
+  std::vector<std::pair<const ir::Value*, size_t>> stack;  // (value, next operand to visit)
+  std::vector<ir::Value> roots;
+  for (const at::Tensor& t : outputs) roots.push_back(ValueOf(t));
+  for (const ir::Value& root : roots) {
+    if (input_of.count(root) || spec_of.count(root.node.get())) continue;
+    stack.push_back({&root, 0});
+    while (!stack.empty()) {
+      auto& [value, next] = stack.back();
+      const ir::NodePtr& node = value->node;
+      if (next < node->inputs().size()) {
+        const ir::Value& in = node->input(next++);
+        if (!input_of.count(in) && !spec_of.count(in.node.get())) stack.push_back({&in, 0});
+        continue;
+      }
+      stack.pop_back();
+      if (node->id() < first_node_id_)
+        return fail("the region read a value from before the call that is not one of its inputs (" +
+                    node->op()->qualified + ")");
+      bool depends = node->draws_random_numbers();
+      std::vector<GraphTemplate::Ref> refs;
+      for (const ir::Value& in : node->inputs()) {
+        refs.push_back(ref_of(in));
+        depends = depends || refs.back().kind != GraphTemplate::Ref::Kind::kConstant;
+      }
+      if (!depends) {
+        spec_of[node.get()] = -1;
+        continue;
+      }
+      spec_of[node.get()] = static_cast<int>(tmpl->nodes_.size());
+      tmpl->nodes_.push_back({node->op(), std::move(refs), node->args(), node->outputs(),
+                              node->shardings(), node->scope(), node->in_backward(),
+                              node->draws_random_numbers()});
+    }
+  }
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    LazyImpl* impl = GetLazyImpl(outputs[k], "a replayed output");
+    tmpl->outputs_.push_back({ref_of(roots[k]),
+                              at::functionalization::impl::isFunctionalTensor(outputs[k]),
+                              impl->sizes().vec(), impl->strides().vec(),
+                              impl->storage_offset(), impl->slot()->annotation});
+  }
+  Count("GraphTemplateCaptures");
+  return tmpl;
+}
+
+std::vector<at::Tensor> GraphTemplate::Instantiate(const std::vector<at::Tensor>& inputs) const {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  if (inputs.size() != input_types_.size()) return {};
+  std::vector<ir::Value> values;
+  values.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    LazyImpl* impl = TryGetLazyImpl(inputs[i]);
+    if (!impl) return {};
+    const ir::Value& v = impl->slot()->value;
+    if (!(v.type() == input_types_[i])) return {};
+    values.push_back(v);
+  }
+  // The same value where the capture had the same value, and distinct values elsewhere.
+  std::unordered_map<ir::Value, int, ValueHash> first;
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto [it, fresh] = first.emplace(values[i], static_cast<int>(i));
+    if ((fresh ? -1 : it->second) != input_same_as_[i]) return {};
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!input_annotations_[i].valid()) continue;
+    MarkSharding(inputs[i], input_annotations_[i]);
+    values[i] = TryGetLazyImpl(inputs[i])->slot()->value;
+  }
+
+  std::vector<ir::NodePtr> made;
+  made.reserve(nodes_.size());
+  auto value_of = [&](const Ref& r) -> ir::Value {
+    switch (r.kind) {
+      case Ref::Kind::kInput: return values[r.index];
+      case Ref::Kind::kNode: return ir::Value{made[r.index], r.output};
+      case Ref::Kind::kConstant: break;
+    }
+    return r.constant;
+  };
+  for (const NodeSpec& spec : nodes_) {
+    std::vector<ir::Value> operands;
+    operands.reserve(spec.inputs.size());
+    for (const Ref& r : spec.inputs) operands.push_back(value_of(r));
+    std::vector<ir::Arg> args = spec.args;
+    if (spec.random) DrawFreshSeeds(*spec.op, args);
+    ir::NodePtr node = ir::MakeNode(spec.op, std::move(operands), std::move(args), spec.outputs);
+    if (!spec.shardings.empty()) node->set_shardings(spec.shardings);
+    node->set_scope(spec.scope);
+    node->set_in_backward(spec.in_backward);
+    made.push_back(std::move(node));
+  }
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(outputs_.size());
+  for (const OutputSpec& out : outputs_) {
+    at::Tensor t = MakeLazyTensor(value_of(out.ref));
+    auto* impl = static_cast<LazyImpl*>(t.unsafeGetTensorImpl());
+    if (impl->strides() != c10::IntArrayRef(out.strides) || out.storage_offset != 0) {
+      impl->set_sizes_and_strides(out.sizes, out.strides);
+      impl->set_storage_offset(out.storage_offset);
+    }
+    impl->slot()->annotation = out.annotation;
+    outputs.push_back(out.functional ? at::functionalization::impl::to_functional_tensor(t) : t);
+  }
+  Count("GraphTemplateReplays");
+  return outputs;
+}
+
+}  // namespace spmd::aten
