@@ -62,10 +62,13 @@ class _Replayer:
     _MAX_TEMPLATES = 8  # per non-tensor arguments (different input shapes, dynamic shapes)
 
     def __init__(self, gm: torch.fx.GraphModule, run_outputs: bool):
+        import os
         self.gm = gm
         self.run_outputs = run_outputs
         self.templates = {}  # non-tensor arguments -> [(template, output plan)]
-        self.why_not = None
+        # SPMD_COMPILE_REPLAY=0 runs every call's ops (to compare, or to rule replay out)
+        self.why_not = ("SPMD_COMPILE_REPLAY=0" if os.environ.get("SPMD_COMPILE_REPLAY", "1") == "0"
+                        else None)
 
     def __call__(self, args):
         from . import _C
@@ -144,8 +147,8 @@ class _Replayer:
         if self.run_outputs:
             from . import _C
             flat = [t for t in outputs if isinstance(t, torch.Tensor) and t.device.type == "spmd"]
-            if flat:
-                _C._sync_tensors([t.detach() for t in flat])
+            if flat:  # (the tensors themselves: a detached view would be a copy of its own)
+                _C._sync_tensors(flat)
         return outputs
 
 

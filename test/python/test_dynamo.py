@@ -62,6 +62,9 @@ def test_compiled_training_equals_cpu(mesh, backend, layout):
         out = compiled(xd)
         assert _pending(out) == (backend == "spmd")  # openxla ran the graph at the call
         out.pow(2).mean().backward()
+        # openxla ran the backward graph at the call too: the gradients are data, which the
+        # optimizer's program reads (not the backward's ops again)
+        assert all(_pending(p.grad) == (backend == "spmd") for p in dev.parameters())
         opt_dev.step()
         opt_dev.zero_grad()
         xm.mark_step()
