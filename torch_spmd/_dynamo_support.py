@@ -7,14 +7,15 @@ backends, and ``torch.ops.xla.dynamo_mark_sharding``.
   types, which it fakifies from their metadata as plain device tensors. Unwrapped, an spmd
   tensor's fake came out a non-leaf where the real one is a leaf (an AssertionError inside
   dynamo). spmd tensors are fakified as xla's are: the describer sees them as not functional.
-- **Backends.** ``openxla`` (PyTorch/XLA's name) runs the captured FX graph on the device and
-  runs its outputs at once (one program per call, as PyTorch/XLA's backend executes the graph
-  it compiled); ``spmd`` runs it lazily, so the call joins the step's one program (what a
-  training step wants: forward and backward partitioned together). Both run the graph with
-  autograd, so a backward works as in eager. Graph breaks run as ordinary lazy code.
-  Recompiles follow dynamo's guards; programs are the compile cache's (an unchanged graph with
-  the same input layouts is a cache hit). Left out: replaying a recorded program without
-  running the FX graph's ops through the dispatcher again.
+- **Backends.** ``openxla`` (PyTorch/XLA's name) and ``spmd`` hand dynamo's graph to
+  AOTAutograd, which splits it into forward and backward graphs of ATen ops. ``openxla`` runs
+  each graph's outputs at the call (a program per graph, as PyTorch/XLA's backend executes the
+  graphs it compiled); ``spmd`` leaves them pending, so the call joins the step's one program
+  (what a training step wants: forward, backward and optimizer partitioned together). Graph
+  breaks run as ordinary lazy code. Recompiles follow dynamo's guards.
+- **Replay** (``_Replayer``, csrc/aten/graph_template.h). A graph's first call records its ops
+  inside a capture; later calls instantiate the recorded nodes on the new inputs in one C++
+  call instead of running the graph's ops through Python and the dispatcher.
 - **dynamo_mark_sharding.** ``torch.ops.xla.dynamo_mark_sharding(t, device_ids, mesh_shape,
   axis_names, partition_spec)``: ``mark_sharding`` as an op dynamo keeps in the graph (axis
   names and the spec as Python literals in strings, as PyTorch/XLA's). Other devices' tensors
@@ -260,12 +261,33 @@ def _define_dynamo_mark_sharding() -> None:
     _define_dynamo_mark_sharding.library = library  # (kept alive: it owns the registration)
 
 
+def _refuse_inductor_on_spmd_tensors() -> None:
+    """Inductor generates code per device type and has none for spmd (it failed with
+    ``KeyError: 'spmd'`` deep in its code generation): a graph on spmd tensors sent to it
+    raises an error naming the backends that run it."""
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None:
+        return
+    call = wrapper.__call__
+
+    def checked(self, model_, inputs_):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "spmd" for t in inputs_):
+            raise RuntimeError(
+                "torch.compile's default backend (inductor) generates no code for the spmd "
+                "device: compile with backend=\"openxla\" (PyTorch/XLA's name) or "
+                "backend=\"spmd\" (docs/user_guide.md, section 12)")
+        return call(self, model_, inputs_)
+
+    wrapper.__call__ = checked
+
+
 def install() -> None:
     global _installed
     if _installed:
         return
     _installed = True
     _fakify_like_xla()
+    _refuse_inductor_on_spmd_tensors()
     torch.compile = _compile_registering_backends(torch.compile)
     # A compiled module warns at every call when global module hooks exist. torch_spmd's own
     # (the module scopes of its reports, debug/module_scope.py) fire once more for the

@@ -120,6 +120,13 @@ def test_mark_sharding_function_is_kept_by_aot_autograd(mesh):
     torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
 
 
+def test_inductor_on_spmd_tensors_names_the_backends_that_run_them():
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r'inductor.*no code for the spmd device.*"openxla"'):
+        torch.compile(lambda x: x.sin() + 1)(torch.randn(4).to(DEV))
+    torch._dynamo.reset()
+
+
 def test_unknown_backend_names_still_fail_as_in_torch():
     with pytest.raises(Exception, match="not_a_backend"):
         torch.compile(MLP(), backend="not_a_backend")(torch.randn(2, 32))
