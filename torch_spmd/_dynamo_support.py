@@ -61,6 +61,7 @@ class _Replayer:
     input) runs its ops every call; ``why_not`` says why."""
 
     _MAX_TEMPLATES = 8  # per non-tensor arguments (different input shapes, dynamic shapes)
+    _MAX_KEYS = 16      # distinct non-tensor arguments (a scalar new at every call: no replay)
 
     def __init__(self, gm: torch.fx.GraphModule, run_outputs: bool):
         import os
@@ -83,14 +84,18 @@ class _Replayer:
                     replayable = False
             else:
                 key.append(a)
+        key = tuple(key)
+        try:
+            bucket = self.templates.get(key, ())
+        except TypeError:  # (an unhashable argument)
+            replayable = False
         if not replayable:
             return self._run(args)
-        key = tuple(key)
-        for tmpl, plan in self.templates.get(key, ()):
+        for tmpl, plan in bucket:
             made = tmpl.instantiate(tensors)
             if made:
                 return self._finish(self._assemble(plan, args, made))
-        if self.why_not is not None:
+        if self.why_not is not None or (not bucket and len(self.templates) >= self._MAX_KEYS):
             return self._run(args)
         capture = _C._TemplateCapture(tensors)
         try:

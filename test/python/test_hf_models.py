@@ -221,6 +221,7 @@ def test_llama_compiled_with_openxla_trains_equal_to_cpu():
     opt_dev = torch.optim.AdamW(dev.parameters(), lr=LR)
     compiled = torch.compile(dev, backend="openxla")
     torch._dynamo.utils.counters.clear()
+    replays = torch_spmd._C._counter_value("GraphTemplateReplays")
     try:
         for step in range(5):
             batch = _batch("causal", step)
@@ -233,6 +234,8 @@ def test_llama_compiled_with_openxla_trains_equal_to_cpu():
             opt_cpu.zero_grad()
         counters = torch._dynamo.utils.counters
         assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+        # forward and backward recorded at the first step, replayed at the 4 others
+        assert torch_spmd._C._counter_value("GraphTemplateReplays") - replays == 8
     finally:
         torch._dynamo.reset()
     for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
