@@ -229,6 +229,26 @@ def test_spmd_to_spmd_permuted_devices_and_dtype(tmp_path):
     assert torch.equal(target.cpu(), host.double())
 
 
+@pytest.mark.parametrize("dest", [None, ("8", (None, "x")), ("4x2", ("b", "a"))],
+                         ids=["unsharded", "8-cols", "4x2-ba"])
+def test_dcp_default_planner_loads_every_chunk_into_spmd_tensors(tmp_path, dest):
+    """dist_cp.load without a planner: DCP's DefaultLoadPlanner writes each saved chunk into a
+    narrowed view of the target (a sharded checkpoint into an unsharded model: PyTorch/XLA's
+    test_resharding_sharded_to_unsharded). Every chunk lands, through the model's
+    state_dict into its parameters."""
+    host_w, host_b = host_tensor((10, 6), seed=5), host_tensor((10,), seed=6)
+    spmd_save({"w": sharded(host_w, "4x2", ("a", "b")), "b": sharded(host_b, "8", ("x",))},
+              tmp_path)
+    model = nn.Linear(6, 10).to(DEV)
+    if dest is not None:
+        xs.mark_sharding(model.weight, mesh(dest[0]), dest[1])
+    state = model.state_dict()
+    dist_cp.load({"w": state["weight"], "b": state["bias"]},
+                 storage_reader=dist_cp.FileSystemReader(str(tmp_path)))
+    assert torch.equal(model.weight.cpu(), host_w)
+    assert torch.equal(model.bias.cpu(), host_b)
+
+
 def test_unsharded_values_and_objects(tmp_path):
     m = mesh("4x2")
     state = {
