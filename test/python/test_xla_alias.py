@@ -329,6 +329,34 @@ def test_manual_sharding_through_the_xlac_conversions(mesh8):
         _XLAC._spmd_full_to_shard_shape(torch.zeros(8, 8).to(torch_spmd.device()))
 
 
+@pytest.mark.parametrize("spec", [("data", None), ("data", "model"), (None, "model"),
+                                  ("model", "data"), (None, None)])
+def test_global_tensor_from_cpu_shards_reassembles_each_devices_padded_shard(mesh8, spec):
+    """PyTorch/XLA's _global_tensor_from_cpu_shards: each device's shard (taken here from a
+    sharded tensor's local_shards, padded to the tile shape with NaN that must not show)
+    gives back the tensor, laid out as the sharding says."""
+    from torch_spmd.xla import _XLAC
+    full = torch.arange(60, dtype=torch.float32).reshape(10, 6)  # 10 rows over 4: padded
+    t = full.to(torch_spmd.device())
+    xs.mark_sharding(t, mesh8, spec)
+    sharding = mesh8.get_op_sharding(spec)
+    tiles = [mesh8.mesh_shape[mesh8.get_axis_name_idx(a)] if a else 1 for a in spec]
+    padded = [-(-d // k) for d, k in zip(full.shape, tiles)]
+    shards = [None] * 8
+    for shard in xs.XLAShardedTensor(t).local_shards:
+        data = torch.full(padded, float("nan"))
+        data[tuple(slice(0, n) for n in shard.data.shape)] = shard.data
+        shards[int(shard.shard_device.split(":")[-1])] = data
+    got = _XLAC._global_tensor_from_cpu_shards(shards, sharding, full.shape)
+    assert torch.equal(got.cpu(), full)
+    assert xs.get_sharding_spec(got) == xs.get_sharding_spec(t)
+    with pytest.raises(RuntimeError, match="one per device"):
+        _XLAC._global_tensor_from_cpu_shards(shards[:-1], sharding, full.shape)
+    too_big = [d * k + 1 for d, k in zip(padded, tiles)]
+    with pytest.raises(RuntimeError, match="has shards of shape"):
+        _XLAC._global_tensor_from_cpu_shards(shards, sharding, too_big)
+
+
 def test_manual_sharding_on_one_device_takes_the_whole_tensor_as_its_shard():
     """On a one-device mesh every spec is {replicated}: the manual region's shard is the whole
     tensor, as PyTorch/XLA's CPU CI runs test_manual_sharding_e2e (a fresh process: the device

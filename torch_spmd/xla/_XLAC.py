@@ -204,6 +204,49 @@ def _sharding_args_from_text(text: str, rank: int) -> tuple:
     return ids, dims, [], [[d] for d in range(tensor_dims)]
 
 
+def _global_tensor_from_cpu_shards(shards: Sequence[torch.Tensor], sharding: str,
+                                   global_shape=None) -> torch.Tensor:
+    """A tensor laid out as ``sharding`` (XLA text form, what ``Mesh.get_op_sharding`` returns
+    here) from each device's host shard, ``shards[d]`` for device d, as PyTorch/XLA's. Shards
+    are padded tiles: every shard has the tile shape ceil(global / tiles) per dim, and
+    ``global_shape`` (default: the tiles' total, no padding) must give exactly that shape.
+    RuntimeError otherwise, naming the mismatch."""
+    from torch_spmd.distributed.checkpoint import _layout
+    n = _xr.global_runtime_device_count()
+    if len(shards) != n:
+        raise RuntimeError(f"_global_tensor_from_cpu_shards: {len(shards)} shards given, one "
+                           f"per device expected ({n})")
+    shard_shape = tuple(shards[0].shape)
+    if any(tuple(s.shape) != shard_shape for s in shards):
+        raise RuntimeError("_global_tensor_from_cpu_shards: the shards' shapes differ: "
+                           f"{sorted({tuple(s.shape) for s in shards})}")
+    rank = len(shard_shape)
+    text = sharding.strip()
+    tiles = [1] * rank if text == "{replicated}" else \
+        list(_C._parse_sharding_spec(text)["dims"])[:rank]
+    if len(tiles) != rank:
+        raise RuntimeError(f"_global_tensor_from_cpu_shards: sharding {text} does not fit "
+                           f"shards of rank {rank}")
+    shape = (tuple(s * t for s, t in zip(shard_shape, tiles)) if global_shape is None
+             else tuple(int(d) for d in global_shape))
+    padded = tuple(-(-d // t) for d, t in zip(shape, tiles))
+    if len(shape) != rank or padded != shard_shape:
+        raise RuntimeError(f"_global_tensor_from_cpu_shards: a global shape {list(shape)} laid "
+                           f"out as {text} has shards of shape {list(padded)}, the shards "
+                           f"given are {list(shard_shape)}")
+    host = torch.empty(shape, dtype=shards[0].dtype)
+    if text == "{replicated}":
+        host.copy_(shards[0])
+    else:
+        for s in _layout.device_shards(text, shape):
+            (offsets, lengths) = s.box
+            into = tuple(slice(o, o + k) for o, k in zip(offsets, lengths))
+            host[into] = shards[s.device][tuple(slice(0, k) for k in lengths)]
+    t = host.to(_device.device())
+    _C._mark_sharding(t, *_sharding_args_from_text(text, rank))
+    return t
+
+
 def _spmd_shard_to_full_shape(t: torch.Tensor, sharding: str, full_shape, dtype=None) -> torch.Tensor:
     """The ``{manual}`` tensors ``t`` as the shards of a ``full_shape`` tensor laid out as
     ``sharding`` (XLA text form, what ``Mesh.get_op_sharding`` returns here)."""
