@@ -22,6 +22,7 @@ backends, and ``torch.ops.xla.dynamo_mark_sharding``.
   pass through.
 """
 import ast
+import functools
 import warnings
 from typing import List
 
@@ -67,6 +68,14 @@ class _Replayer:
         import os
         self.gm = gm
         self.run_outputs = run_outputs
+        # Tensor constants the graph holds (get_attr: tensors a traced program made on the
+        # device): the template takes them as inputs, so it reads their values at each call.
+        self.constants = []
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = functools.reduce(getattr, node.target.split("."), gm)
+                if isinstance(value, torch.Tensor) and value.device.type == "spmd":
+                    self.constants.append(value)
         self.templates = {}  # non-tensor arguments -> [(template, output plan)]
         # SPMD_COMPILE_REPLAY=0 runs every call's ops (to compare, or to rule replay out)
         self.why_not = ("SPMD_COMPILE_REPLAY=0" if os.environ.get("SPMD_COMPILE_REPLAY", "1") == "0"
@@ -74,7 +83,7 @@ class _Replayer:
 
     def __call__(self, args):
         from . import _C
-        tensors, key, replayable = [], [], True
+        tensors, key, replayable = list(self.constants), [], True
         for a in args:
             if isinstance(a, torch.Tensor):
                 if a.device.type == "spmd":

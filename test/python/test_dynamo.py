@@ -120,6 +120,21 @@ def test_mark_sharding_function_is_kept_by_aot_autograd(mesh):
     torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
 
 
+def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
+    """A literal made on the device inside the compiled function becomes a tensor constant of
+    AOTAutograd's graph (get_attr), made before the call: the template takes it as an input
+    (HF Llama's forward has four). Replayed, with eager's values."""
+    def fn(x):
+        return x * torch.tensor([1., 2., 3., 4.], device=x.device) + torch.arange(4, device=x.device)
+
+    compiled = torch.compile(fn, backend="spmd")
+    replays = _C._counter_value("GraphTemplateReplays")
+    for step in range(3):
+        x = torch.randn(4, generator=torch.Generator().manual_seed(step))
+        assert torch.equal(compiled(x.to(DEV)).cpu(), fn(x))
+    assert _C._counter_value("GraphTemplateReplays") - replays == 2
+
+
 def test_inductor_on_spmd_tensors_names_the_backends_that_run_them():
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r'inductor.*no code for the spmd device.*"openxla"'):
