@@ -177,7 +177,12 @@ def _backend(run_outputs: bool):
         replay._boxed_call = True
         return replay
 
-    compile_aot = aot_autograd(fw_compiler=compile_graph)
+    # keep_inference_input_mutations: updates of inputs that autograd does not see (BatchNorm's
+    # running stats) stay in the graph as copy_ into the input, which replay writes again, as
+    # aot_eager and inductor keep them. Left to AOTAutograd's epilogue, the forward saved the
+    # stats for the backward and the epilogue's update then failed the backward's version
+    # check under activation checkpointing.
+    compile_aot = aot_autograd(fw_compiler=compile_graph, keep_inference_input_mutations=True)
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         _read_annotated_values(gm)

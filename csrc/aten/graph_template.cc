@@ -75,6 +75,7 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
 
   auto tmpl = std::make_shared<GraphTemplate>();
   std::unordered_map<ir::Value, int, ValueHash> input_of;
+  std::vector<std::pair<int, ir::Value>> written;  // (input, the value written into it)
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const SlotPtr& slot = GetLazyImpl(inputs_[i], "a replayed input")->slot();
     const ir::Value& now = slot->value;
@@ -84,12 +85,15 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
     tmpl->input_annotations_.emplace_back();
     if (now == before_[i]) continue;
     // A changed input: annotated inside the region (then its new value is the input too, and
-    // each instantiation annotates again), or updated in place (not replayable).
+    // each instantiation annotates again), or written (an in-place update, e.g. AOTAutograd's
+    // copy_ of a buffer's new value: each instantiation writes the value its nodes compute).
     const Sharding& annotation = slot->annotation;
-    if (!annotation.valid() || annotation == annotations_before_[i])
-      return fail("an input was updated in place inside the region");
-    tmpl->input_annotations_.back() = annotation;
-    input_of.emplace(now, static_cast<int>(i));
+    if (annotation.valid() && !(annotation == annotations_before_[i])) {
+      tmpl->input_annotations_.back() = annotation;
+      input_of.emplace(now, static_cast<int>(i));
+    } else {
+      written.emplace_back(static_cast<int>(i), now);
+    }
   }
 
   // Template nodes in recording order: a post-order walk from the outputs that stops at inputs.
@@ -112,6 +116,7 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
   std::vector<std::pair<const ir::Value*, size_t>> stack;  // (value, next operand to visit)
   std::vector<ir::Value> roots;
   for (const at::Tensor& t : outputs) roots.push_back(ValueOf(t));
+  for (const auto& [input, value] : written) roots.push_back(value);
   for (const ir::Value& root : roots) {
     if (input_of.count(root) || spec_of.count(root.node.get())) continue;
     stack.push_back({&root, 0});
@@ -143,6 +148,8 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
                               node->draws_random_numbers()});
     }
   }
+  for (size_t k = 0; k < written.size(); ++k)
+    tmpl->writes_.push_back({written[k].first, ref_of(roots[outputs.size() + k])});
   for (size_t k = 0; k < outputs.size(); ++k) {
     LazyImpl* impl = GetLazyImpl(outputs[k], "a replayed output");
     tmpl->outputs_.push_back({ref_of(roots[k]),
@@ -199,6 +206,14 @@ std::vector<at::Tensor> GraphTemplate::Instantiate(const std::vector<at::Tensor>
     node->set_scope(spec.scope);
     node->set_in_backward(spec.in_backward);
     made.push_back(std::move(node));
+  }
+  for (const auto& [input, ref] : writes_) {  // after every node read the inputs' values
+    LazyImpl* impl = TryGetLazyImpl(inputs[input]);
+    at::Tensor value = MakeLazyTensor(value_of(ref));
+    if (at::functionalization::impl::isFunctionalTensor(inputs[input]))
+      CommitInPlace(inputs[input], value, impl->slot());
+    else
+      SetSlotValue(impl->slot(), value_of(ref));
   }
   std::vector<at::Tensor> outputs;
   outputs.reserve(outputs_.size());

@@ -11,11 +11,12 @@
 // recording order from the default generator, as recording them would draw).
 //
 // A region is replayable only if its run did nothing but record: no eager fallback, no sync, no
-// value read to the host (their results would be frozen into the template), no input updated in
-// place, and no pending value from before the call reached other than through the inputs.
-// Otherwise Finish returns null with the reason, and the caller runs the region every time.
-// An input annotated inside the region (mark_sharding on a parameter) is annotated again at
-// each instantiation.
+// value read to the host (their results would be frozen into the template), and no pending
+// value from before the call reached other than through the inputs. Otherwise Finish returns
+// null with the reason, and the caller runs the region every time. An input annotated inside
+// the region (mark_sharding on a parameter) is annotated again at each instantiation; an input
+// written in place (a buffer's update) is written again, with the value the new nodes compute,
+// as an in-place op writes it (its annotation kept).
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -67,6 +68,7 @@ class GraphTemplate {
   std::vector<TensorType> input_types_;
   std::vector<int> input_same_as_;             // an earlier input with the same value, or -1
   std::vector<Sharding> input_annotations_;   // applied before the nodes (invalid: none)
+  std::vector<std::pair<int, Ref>> writes_;    // (input, its new value), applied after them
   std::vector<NodeSpec> nodes_;
   std::vector<OutputSpec> outputs_;
 };

@@ -120,6 +120,56 @@ def test_mark_sharding_function_is_kept_by_aot_autograd(mesh):
     torch.testing.assert_close(x.grad.cpu(), torch.cos(x.detach().cpu()))
 
 
+class BNNet(torch.nn.Module):
+    def __init__(self, checkpointed):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = (torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
+                                       torch.nn.Linear(32, 4))
+        self.checkpointed = checkpointed
+
+    def inner(self, x):
+        return self.fc2(torch.relu_(self.bn(self.fc1(x))))
+
+    def forward(self, x):
+        if self.checkpointed:
+            return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_batch_norm_buffers_update_inside_replayed_graphs(mesh, checkpointed):
+    """BatchNorm's running stats: AOTAutograd keeps their update in the forward graph (copy_
+    into the buffers), which each replay writes again. Parameters and buffers equal CPU's
+    (with activation checkpointing, compiled torch updates the stats once where eager's
+    recomputation updates them twice, on CPU too: parameters only, there). It used to raise
+    torch's version-counter error under checkpointing."""
+    torch.manual_seed(0)
+    cpu, dev = BNNet(checkpointed), BNNet(checkpointed)
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to(DEV)
+    compiled = torch.compile(dev, backend="spmd")
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_dev = torch.optim.SGD(dev.parameters(), lr=0.1)
+    replays = _C._counter_value("GraphTemplateReplays")
+    for step in range(4):
+        x = torch.randn(16, 16, generator=torch.Generator().manual_seed(step))
+        xd = x.to(DEV)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        compiled(xd).pow(2).mean().backward()
+        opt_dev.step()
+        opt_dev.zero_grad()
+        xm.mark_step()
+        cpu(x).pow(2).mean().backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+    assert _C._counter_value("GraphTemplateReplays") - replays == 6  # forward and backward
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+    if not checkpointed:
+        for a, b in zip(cpu.buffers(), dev.buffers()):
+            torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+
+
 def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
     """A literal made on the device inside the compiled function becomes a tensor constant of
     AOTAutograd's graph (get_attr), made before the call: the template takes it as an input
