@@ -274,6 +274,37 @@ def test_mixtral_batched_mm_experts_shard_their_per_token_weight_copies():
                                    msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.skipif(not hasattr(torch.compiler, "is_exporting"),
+                    reason="transformers' compiled forward calls torch.compiler.is_exporting "
+                           "(torch >= 2.7), on any device")
+def test_generate_with_a_compiled_forward_replays_every_decoding_step():
+    """HF's recipe for fast decoding: a static cache and `model.forward = torch.compile(...)`.
+    The decoding step's graph writes the KV cache in place (AOTAutograd keeps the writes in the
+    graph); it is recorded once and replayed for every later token, tokens equal CPU's, model
+    sharded over 8 devices."""
+    ensure_devices(8)
+    torch._dynamo.reset()
+    mesh = xs.Mesh(np.arange(8), (8,), ("fsdp",))
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(_decoder(transformers.LlamaConfig)).eval()
+    ids = torch.randint(1, VOCAB, (2, 8))
+    kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=24, min_new_tokens=24,
+              cache_implementation="static")
+    want = cpu.generate(ids, **kw)
+    dev = cpu.to(DEV)
+    for p in dev.parameters():
+        xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+    dev.forward = torch.compile(dev.forward, backend="spmd")
+    replays = torch_spmd._C._counter_value("GraphTemplateReplays")
+    try:
+        got = dev.generate(ids.to(DEV), **kw).cpu()
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, want)
+    # the prefill and the first decoding step are recorded; the other 22 tokens replay
+    assert torch_spmd._C._counter_value("GraphTemplateReplays") - replays == 22
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_generate_with_static_cache_compiles_no_program_after_the_first_tokens(attention):
     """With `cache_implementation="static"` every token's forward is one cached program, a
