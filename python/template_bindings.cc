@@ -11,7 +11,7 @@ namespace py = pybind11;
 void BindGraphTemplates(py::module_& m) {
   py::class_<aten::GraphTemplate, std::shared_ptr<aten::GraphTemplate>>(m, "_GraphTemplate")
       .def("instantiate", &aten::GraphTemplate::Instantiate,
-           "The region's outputs from these inputs; [] when they do not match the capture's.")
+           "The region's outputs from these inputs; None when they do not match the capture's.")
       .def_property_readonly("num_nodes", &aten::GraphTemplate::num_nodes);
   py::class_<aten::TemplateCapture>(m, "_TemplateCapture")
       .def(py::init<std::vector<at::Tensor>>())

@@ -58,8 +58,8 @@ class _Replayer:
     first call with given non-tensor arguments runs the graph's ops (recording them, as any
     lazy code) inside a capture (``_C._TemplateCapture``, csrc/aten/graph_template.h); later
     calls instantiate the captured template on the new inputs in one C++ call. A graph whose
-    run cannot be replayed (an eager fallback, a sync, an input updated in place, a CPU tensor
-    input) runs its ops every call; ``why_not`` says why."""
+    run cannot be replayed (an eager fallback, a sync, a read to the host, a CPU tensor input)
+    runs its ops every call; ``why_not`` says why."""
 
     _MAX_TEMPLATES = 8  # per non-tensor arguments (different input shapes, dynamic shapes)
     _MAX_KEYS = 16      # distinct non-tensor arguments (a scalar new at every call: no replay)
@@ -102,7 +102,7 @@ class _Replayer:
             return self._run(args)
         for tmpl, plan in bucket:
             made = tmpl.instantiate(tensors)
-            if made:
+            if made is not None:  # (None: the inputs are not the captured kind)
                 return self._finish(self._assemble(plan, args, made))
         if self.why_not is not None or (not bucket and len(self.templates) >= self._MAX_KEYS):
             return self._run(args)

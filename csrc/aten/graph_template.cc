@@ -98,7 +98,6 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
 
   // Template nodes in recording order: a post-order walk from the outputs that stops at inputs.
   std::unordered_map<const ir::Node*, int> spec_of;   // template node index, -1: constant
-  std::string error;
   auto ref_of = [&](const ir::Value& v) {
     GraphTemplate::Ref r;
     if (auto it = input_of.find(v); it != input_of.end()) {
@@ -161,23 +160,24 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
   return tmpl;
 }
 
-std::vector<at::Tensor> GraphTemplate::Instantiate(const std::vector<at::Tensor>& inputs) const {
+std::optional<std::vector<at::Tensor>> GraphTemplate::Instantiate(
+    const std::vector<at::Tensor>& inputs) const {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  if (inputs.size() != input_types_.size()) return {};
+  if (inputs.size() != input_types_.size()) return std::nullopt;
   std::vector<ir::Value> values;
   values.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     LazyImpl* impl = TryGetLazyImpl(inputs[i]);
-    if (!impl) return {};
+    if (!impl) return std::nullopt;
     const ir::Value& v = impl->slot()->value;
-    if (!(v.type() == input_types_[i])) return {};
+    if (!(v.type() == input_types_[i])) return std::nullopt;
     values.push_back(v);
   }
   // The same value where the capture had the same value, and distinct values elsewhere.
   std::unordered_map<ir::Value, int, ValueHash> first;
   for (size_t i = 0; i < values.size(); ++i) {
     auto [it, fresh] = first.emplace(values[i], static_cast<int>(i));
-    if ((fresh ? -1 : it->second) != input_same_as_[i]) return {};
+    if ((fresh ? -1 : it->second) != input_same_as_[i]) return std::nullopt;
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!input_annotations_[i].valid()) continue;

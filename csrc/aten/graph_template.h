@@ -21,6 +21,7 @@
 #include <ATen/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,9 @@ class GraphTemplate {
     Sharding annotation;
   };
 
-  // The region's outputs computed from `inputs`, or an empty vector when the inputs do not
-  // match the captured ones (types, or which of them are the same value).
-  std::vector<at::Tensor> Instantiate(const std::vector<at::Tensor>& inputs) const;
+  // The region's outputs computed from `inputs`, or nullopt when the inputs do not match the
+  // captured ones (types, or which of them are the same value).
+  std::optional<std::vector<at::Tensor>> Instantiate(const std::vector<at::Tensor>& inputs) const;
 
   int num_nodes() const { return static_cast<int>(nodes_.size()); }
 

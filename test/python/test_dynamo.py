@@ -170,6 +170,32 @@ def test_batch_norm_buffers_update_inside_replayed_graphs(mesh, checkpointed):
             torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
 
 
+def test_a_compiled_optimizer_step_writes_the_parameters_at_each_replay(mesh):
+    """torch.compile(opt.step): an inference graph that only writes its inputs (parameters and
+    Adam's state; `capturable=True` keeps its step counters on the device) and returns
+    nothing. Replayed at every later step, equal to CPU's Adam."""
+    torch.manual_seed(0)
+    cpu, dev = MLP(), MLP()
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to(DEV)
+    opt_cpu = torch.optim.Adam(cpu.parameters(), lr=1e-2)
+    opt_dev = torch.optim.Adam(dev.parameters(), lr=1e-2, capturable=True)
+    step = torch.compile(opt_dev.step, backend="spmd")
+    replays = _C._counter_value("GraphTemplateReplays")
+    for i in range(4):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(i))
+        dev(x.to(DEV)).pow(2).mean().backward()
+        step()
+        opt_dev.zero_grad()
+        xm.mark_step()
+        cpu(x).pow(2).mean().backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+    assert _C._counter_value("GraphTemplateReplays") - replays == 3
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
     """A literal made on the device inside the compiled function becomes a tensor constant of
     AOTAutograd's graph (get_attr), made before the call: the template takes it as an input
