@@ -30,6 +30,22 @@ def _pending(t):
     return "aten::" in _C._graph_text([t])
 
 
+def _train_beside_cpu(step_dev, model_dev, opt_dev, model_cpu, opt_cpu, mesh, steps, features):
+    """`steps` training steps on the device (its forward `step_dev`, the batch sharded over
+    'data') and the same steps on CPU."""
+    for step in range(steps):
+        x = torch.randn(16, features, generator=torch.Generator().manual_seed(step))
+        xd = x.to(DEV)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        step_dev(xd).pow(2).mean().backward()
+        opt_dev()
+        model_dev.zero_grad()
+        xm.mark_step()
+        model_cpu(x).pow(2).mean().backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+
+
 @pytest.fixture
 def mesh():
     ensure_devices(8)
@@ -151,17 +167,7 @@ def test_batch_norm_buffers_update_inside_replayed_graphs(mesh, checkpointed):
     opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
     opt_dev = torch.optim.SGD(dev.parameters(), lr=0.1)
     replays = _C._counter_value("GraphTemplateReplays")
-    for step in range(4):
-        x = torch.randn(16, 16, generator=torch.Generator().manual_seed(step))
-        xd = x.to(DEV)
-        xs.mark_sharding(xd, mesh, ("data", None))
-        compiled(xd).pow(2).mean().backward()
-        opt_dev.step()
-        opt_dev.zero_grad()
-        xm.mark_step()
-        cpu(x).pow(2).mean().backward()
-        opt_cpu.step()
-        opt_cpu.zero_grad()
+    _train_beside_cpu(compiled, dev, opt_dev.step, cpu, opt_cpu, mesh, 4, 16)
     assert _C._counter_value("GraphTemplateReplays") - replays == 6  # forward and backward
     for a, b in zip(cpu.parameters(), dev.parameters()):
         torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
@@ -182,15 +188,7 @@ def test_a_compiled_optimizer_step_writes_the_parameters_at_each_replay(mesh):
     opt_dev = torch.optim.Adam(dev.parameters(), lr=1e-2, capturable=True)
     step = torch.compile(opt_dev.step, backend="spmd")
     replays = _C._counter_value("GraphTemplateReplays")
-    for i in range(4):
-        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(i))
-        dev(x.to(DEV)).pow(2).mean().backward()
-        step()
-        opt_dev.zero_grad()
-        xm.mark_step()
-        cpu(x).pow(2).mean().backward()
-        opt_cpu.step()
-        opt_cpu.zero_grad()
+    _train_beside_cpu(dev, dev, step, cpu, opt_cpu, mesh, 4, 32)
     assert _C._counter_value("GraphTemplateReplays") - replays == 3
     for a, b in zip(cpu.parameters(), dev.parameters()):
         torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)

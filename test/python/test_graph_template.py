@@ -52,9 +52,9 @@ def test_instantiation_refuses_inputs_unlike_the_captured_ones():
     ensure_devices(8)
     x, w = torch.randn(6, 5).to(DEV), torch.randn(5, 4).to(DEV)
     tmpl, _, _ = _capture(_region, x, w)
-    assert tmpl.instantiate([torch.randn(7, 5).to(DEV), w]) is None          # another shape
-    assert tmpl.instantiate([x.double(), w]) is None                           # another dtype
-    assert tmpl.instantiate([x]) is None                                       # another count
+    assert tmpl.instantiate([torch.randn(7, 5).to(DEV), w]) is None  # another shape
+    assert tmpl.instantiate([x.double(), w]) is None  # another dtype
+    assert tmpl.instantiate([x]) is None  # another count
     same = torch.randn(4, 4).to(DEV)
     square, _, _ = _capture(lambda a, b: (a @ b,), same, torch.randn(4, 4).to(DEV))
     assert square.instantiate([same, same]) is None  # one value where the capture had two
