@@ -28,6 +28,8 @@ from typing import List
 
 import torch
 
+from . import _C
+
 _installed = False
 
 
@@ -82,7 +84,6 @@ class _Replayer:
                         else None)
 
     def __call__(self, args):
-        from . import _C
         tensors, key, replayable = list(self.constants), [], True
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -160,7 +161,6 @@ class _Replayer:
 
     def _finish(self, outputs):
         if self.run_outputs:
-            from . import _C
             flat = [t for t in outputs if isinstance(t, torch.Tensor) and t.device.type == "spmd"]
             if flat:  # (the tensors themselves: a detached view would be a copy of its own)
                 _C._sync_tensors(flat)

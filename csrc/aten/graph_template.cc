@@ -19,14 +19,7 @@ namespace {
 std::atomic<uint64_t> g_host_work{0};
 thread_local int t_open_captures = 0;
 
-struct ValueHash {
-  size_t operator()(const ir::Value& v) const {
-    return std::hash<const void*>()(v.node.get()) * 31 + static_cast<size_t>(v.index);
-  }
-};
-
-// The value a tensor holds now (looking through functionalization).
-const ir::Value& ValueOf(const at::Tensor& t) { return GetLazyImpl(t, "a replayed input")->slot()->value; }
+using ir::ValueHash;
 
 // A random node's seeds, drawn anew: its Generator arguments and the seed the recorder appended
 // after the schema's arguments (recorder.cc DrawSeed).
@@ -114,7 +107,8 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
   };
   std::vector<std::pair<const ir::Value*, size_t>> stack;  // (value, next operand to visit)
   std::vector<ir::Value> roots;
-  for (const at::Tensor& t : outputs) roots.push_back(ValueOf(t));
+  for (const at::Tensor& t : outputs)
+    roots.push_back(GetLazyImpl(t, "a replayed output")->slot()->value);
   for (const auto& [input, value] : written) roots.push_back(value);
   for (const ir::Value& root : roots) {
     if (input_of.count(root) || spec_of.count(root.node.get())) continue;
@@ -208,12 +202,11 @@ std::optional<std::vector<at::Tensor>> GraphTemplate::Instantiate(
     made.push_back(std::move(node));
   }
   for (const auto& [input, ref] : writes_) {  // after every node read the inputs' values
-    LazyImpl* impl = TryGetLazyImpl(inputs[input]);
-    at::Tensor value = MakeLazyTensor(value_of(ref));
+    const SlotPtr& slot = TryGetLazyImpl(inputs[input])->slot();
     if (at::functionalization::impl::isFunctionalTensor(inputs[input]))
-      CommitInPlace(inputs[input], value, impl->slot());
+      CommitInPlace(inputs[input], MakeLazyTensor(value_of(ref)), slot);
     else
-      SetSlotValue(impl->slot(), value_of(ref));
+      SetSlotValue(slot, value_of(ref));
   }
   std::vector<at::Tensor> outputs;
   outputs.reserve(outputs_.size());

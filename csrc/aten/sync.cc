@@ -20,11 +20,7 @@ namespace spmd::aten {
 
 namespace {
 
-struct ValueHash {
-  size_t operator()(const ir::Value& v) const {
-    return std::hash<const void*>()(v.node.get()) ^ static_cast<size_t>(v.index);
-  }
-};
+using ir::ValueHash;
 
 partition::PartitionOptions& Options() {
   static auto* options = new partition::PartitionOptions();

@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,6 +28,13 @@ struct Value {
   bool valid() const { return node != nullptr; }
   const TensorType& type() const;
   bool operator==(const Value& o) const { return node == o.node && index == o.index; }
+};
+
+// Hashes a Value by identity (its node and output), for maps keyed by values.
+struct ValueHash {
+  size_t operator()(const Value& v) const {
+    return std::hash<const void*>()(v.node.get()) * 31 + static_cast<size_t>(v.index);
+  }
 };
 
 // Data that already lives on the devices (a materialized tensor). The runtime implements it;
