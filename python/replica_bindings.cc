@@ -13,6 +13,7 @@
 #include "bindings.h"
 #include "runtime/collectives.h"
 #include "runtime/process_group_collectives.h"
+#include "runtime/process_span.h"
 
 namespace py = pybind11;
 
@@ -94,6 +95,22 @@ void BindReplica(py::module_& m) {
   m.def("_reset_collectives", [] { runtime::Collectives::SetReplicas(nullptr); },
         "Drops the process groups: the xm collectives fall back to the in-process ones.");
   m.def("_collectives_name", [] { return runtime::Collectives::Replicas()->name(); });
+  m.def(
+      "_install_process_span",
+      [](const py::object& world, int64_t local_devices) {
+        runtime::ProcessSpan::Set(
+            runtime::MakeProcessGroupSpan(ToProcessGroup(world), local_devices));
+      },
+      py::arg("world"), py::arg("local_devices"),
+      "Multi-process SPMD: this process (rank of `world`) owns `local_devices` of the global "
+      "devices (runtime/process_span.h).");
+  m.def("_clear_process_span", [] { runtime::ProcessSpan::Set(nullptr); });
+  m.def("_process_span", []() -> py::object {
+    auto span = runtime::ProcessSpan::Current();
+    if (!span) return py::none();
+    return py::make_tuple(span->process_index(), span->process_count(), span->local_devices());
+  });
+  m.def("_global_num_devices", &runtime::GlobalDeviceCount);
 }
 
 }  // namespace spmd

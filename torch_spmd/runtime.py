@@ -42,6 +42,11 @@ def use_spmd(auto: Optional[bool] = False, hardware: Union[str, dict] = "tpu-v4"
     if auto:
         _C._set_auto_sharding(True, _hardware.resolve(hardware))
     os.environ[_XLA_USE_SPMD] = "1"
+    # A process a launcher started as one of several (torchrun, spawn_spmd) owns its slice of
+    # the global devices, as a host of a multi-host pod does.
+    from .distributed import _spmd_processes
+    if _spmd_processes.launched_with_several_processes() and world_state.current() is None:
+        _spmd_processes.init()
 
 
 def is_spmd() -> bool:
@@ -61,13 +66,19 @@ def device_type() -> str:
 
 
 def global_runtime_device_count() -> int:
-    """Number of emulated physical devices (all of them: there is one process)."""
-    return _C._num_devices()
+    """Number of emulated physical devices, across all processes of a multi-process SPMD
+    world (``torch_spmd.distributed.init_spmd_processes``)."""
+    return _C._global_num_devices()
 
 
 def addressable_runtime_device_count() -> int:
-    """Number of emulated physical devices this process can address (all of them)."""
+    """Number of emulated physical devices this process owns (all of them with one process)."""
     return _C._num_devices()
+
+
+def _span():
+    """(process index, process count, local devices) in multi-process SPMD, else None."""
+    return _C._process_span()
 
 
 def _world():
@@ -106,22 +117,28 @@ def local_ordinal() -> int:
 
 
 def process_index() -> int:
-    """Index of this process: 0 with a single process, the rank in multi-process mode."""
-    return global_ordinal()
+    """Index of this process: 0 with a single process, the rank in multi-process mode (SPMD
+    across processes, or one replica per process)."""
+    span = _span()
+    return span[0] if span is not None else global_ordinal()
 
 
 def process_count() -> int:
     """Number of processes: 1, or the world size in multi-process mode."""
-    return world_size()
+    span = _span()
+    return span[1] if span is not None else world_size()
 
 
 def runtime_device_attributes(device: Union[str, int]) -> dict:
-    """Attributes of one emulated device: ``{'name': 'SPMD:i', 'ordinal': i}``."""
+    """Attributes of one emulated device: ``{'name': 'SPMD:i', 'ordinal': i, 'process': p}``
+    (``process``: the index of the process that owns it, as a pod device's host)."""
     index = int(str(device).rsplit(":", 1)[-1])
     if not 0 <= index < global_runtime_device_count():
         raise ValueError(f"device {device} is not one of the {global_runtime_device_count()} "
                          "emulated devices")
-    return {"name": f"{device_type()}:{index}", "ordinal": index}
+    span = _span()
+    process = index // span[2] if span is not None else 0
+    return {"name": f"{device_type()}:{index}", "ordinal": index, "process": process}
 
 
 def global_runtime_device_attributes() -> list:

@@ -13,6 +13,7 @@
 #include "aten/sync.h"
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
+#include "runtime/process_span.h"
 #include "runtime/device_data.h"
 #include "runtime/plan_mode.h"
 
@@ -189,7 +190,7 @@ void MarkManualSharding(const at::Tensor& t) {
               "_mark_manual_sharding marks a value computed in a manual region "
               "(enable_manual_sharding); this tensor is device data");
   const TensorType& type = slot->value.type();
-  int64_t n = runtime::DeviceSet::Get().num_devices();
+  int64_t n = runtime::GlobalDeviceCount();
   std::vector<int64_t> ids(n);
   for (int64_t i = 0; i < n; ++i) ids[i] = i;
   Sharding manual = Sharding::Manual(InternMesh(ids, {n}, {}), type.rank());
@@ -219,14 +220,16 @@ std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
     for (int64_t d = 0; s.valid() && d < s.rank(); ++d) tile.push_back(s.TileIndex(d, dev));
     return tile;
   };
-  for (int64_t dev = 0; dev < static_cast<int64_t>(data->shards().size()); ++dev)
-    holders[tile_of(dev)].push_back(dev);
+  // (With several processes, only this process's devices are local: global ids first...)
+  const int64_t first = runtime::FirstLocalDevice();
+  for (int64_t dev = 0; dev < runtime::GlobalDeviceCount(); ++dev) holders[tile_of(dev)].push_back(dev);
   std::vector<LocalShard> out;
   int64_t n = static_cast<int64_t>(data->shards().size());
-  for (int64_t dev = 0; dev < n; ++dev) {
+  for (int64_t local = 0; local < n; ++local) {
+    const int64_t dev = first + local;
     LocalShard shard;
     shard.device = dev;
-    shard.data = data->shard(dev).clone();
+    shard.data = data->shard(local).clone();
     for (size_t d = 0; d < shape.size(); ++d) {
       bool tiled = s.valid() && s.NumTiles(d) > 1;
       shard.offsets.push_back(tiled ? s.ShardOffset(shape, d, dev) : 0);

@@ -13,6 +13,7 @@
 #include "partition/cost.h"
 #include "partition/partitioner.h"
 #include "partition/rules/rule.h"
+#include "runtime/process_span.h"
 #include "runtime/compile_cache.h"
 #include "runtime/plan_mode.h"
 
@@ -35,7 +36,7 @@ struct StepOptions {
   Hash key = 0;
 
   explicit StepOptions(const ir::Graph& graph) {
-    auto_layouts = AutoLayoutsFor(graph, runtime::DeviceSet::Get().num_devices(),
+    auto_layouts = AutoLayoutsFor(graph, runtime::GlobalDeviceCount(),
                                   runtime::Planning(), options.defer_output_reductions);
     key = options.Key();
     if (auto_layouts) {
@@ -51,7 +52,10 @@ std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   const StepOptions step(graph);
   // (The device count too: an unannotated graph is the same graph on any device set.)
   const Hash key = HashCombine(HashCombine(graph.key, step.key),
-                               HashInt(runtime::DeviceSet::Get().num_devices()));
+                               HashInt(runtime::GlobalDeviceCount()));
+  // With several processes (runtime/process_span.h) each runs its own copy of the program:
+  // they must all be about to run the same one, or a collective would wait forever.
+  runtime::CheckSameProgramEverywhere(key, "step program");
   if (auto exe = cache.Lookup(key)) {
     Count("CachedCompile");
     return exe;
@@ -59,7 +63,7 @@ std::shared_ptr<runtime::Executable> GetExecutable(const ir::Graph& graph) {
   Count("UncachedCompile");
   ScopedTimer timer("CompileTime");
   auto exe = std::make_shared<runtime::Executable>(
-      partition::PartitionGraph(graph, runtime::DeviceSet::Get().num_devices(), step.options));
+      partition::PartitionGraph(graph, runtime::GlobalDeviceCount(), step.options));
   cache.Insert(key, exe);
   return exe;
 }
@@ -367,7 +371,7 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
     partition::PartitionOptions options = step.options;
     options.executor_traits = false;  // (never run)
     cache->emplace_front(key, std::make_shared<const partition::Program>(partition::PartitionGraph(
-                                  graph, runtime::DeviceSet::Get().num_devices(), options)));
+                                  graph, runtime::GlobalDeviceCount(), options)));
   } else {
     Count("CachedCompile");
     cache->splice(cache->begin(), *cache, it);
@@ -553,7 +557,7 @@ std::string PendingGraphText(const std::vector<at::Tensor>& tensors) {
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors)),
-                                   runtime::DeviceSet::Get().num_devices(), Options())
+                                   runtime::GlobalDeviceCount(), Options())
       .ToText();
 }
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/metrics.h"
 #include "runtime/plan_mode.h"
+#include "runtime/process_span.h"
 
 namespace spmd::runtime {
 
@@ -130,14 +131,17 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
     at::Tensor copy = global.is_same(host) ? global.clone() : global;
     return std::make_shared<DeviceData>(type, sharding, MakeReplicatedBuffers(copy, label));
   }
-  SPMD_CHECK(sharding.mesh().size() == n, "sharding mesh has ", sharding.mesh().size(),
-             " devices but the device set has ", n);
+  const int64_t global_count = GlobalDeviceCount(), first = FirstLocalDevice();
+  SPMD_CHECK(sharding.mesh().size() == global_count, "sharding mesh has ",
+             sharding.mesh().size(), " devices but the device set has ", global_count);
   // Replicas of a tile share one row of the stack: key each device by its tile coordinates.
+  // (With several processes, each lays out the same global value and keeps its own devices'.)
   std::vector<int64_t> keys;
   keys.reserve(n * (sharding.rank() + 1));
   for (int64_t dev = 0; dev < n; ++dev) {
     keys.push_back(0);  // a key of width >= 1 also for rank 0
-    for (int64_t d = 0; d < sharding.rank(); ++d) keys.push_back(sharding.TileIndex(d, dev));
+    for (int64_t d = 0; d < sharding.rank(); ++d)
+      keys.push_back(sharding.TileIndex(d, first + dev));
   }
   std::vector<int64_t> first_device;
   RowMapPtr map = MapOfKeys(keys, sharding.rank() + 1, &first_device);
@@ -146,7 +150,8 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
   rows_shape.insert(rows_shape.end(), shard_shape.begin(), shard_shape.end());
   // A fresh tensor: never an alias of the caller's, whose later writes must not show here.
   at::Tensor rows = at::empty(rows_shape, global.options());
-  for (int64_t r = 0; r < map->rows; ++r) ExtractShardInto(global, sharding, first_device[r], rows[r]);
+  for (int64_t r = 0; r < map->rows; ++r)
+    ExtractShardInto(global, sharding, first + first_device[r], rows[r]);
   Stacked stacked{rows, std::move(map)};
   PerDevice shards = BuffersOf(stacked, InternLabel(label + " shard"));
   return std::make_shared<DeviceData>(type, sharding, std::move(shards), std::move(stacked));
@@ -159,10 +164,21 @@ at::Tensor DeviceData::ToHost() const {
   if (is_replicated()) return shards_.at(0)->tensor;
   SPMD_CHECK(!sharding_.is_manual(), "cannot read a manually sharded value back to the host");
   const Shape& global_shape = type_.shape;
-  at::Tensor out = at::zeros(global_shape, shards_.at(0)->tensor.options());
+  // Every global device's shard: with several processes, gathered from all of them (every
+  // process reads the value: a sync is collective, as on a multi-host pod).
+  std::vector<at::Tensor> shard_of;
+  if (auto span = ProcessSpan::Current(); span && span->process_count() > 1) {
+    std::vector<at::Tensor> mine;
+    for (const BufferPtr& b : shards_) mine.push_back(b->tensor);
+    at::Tensor all = span->AllGather(at::stack(mine), "reading a sharded value");
+    for (int64_t g = 0; g < all.size(0); ++g) shard_of.push_back(all[g]);
+  } else {
+    for (const BufferPtr& b : shards_) shard_of.push_back(b->tensor);
+  }
+  at::Tensor out = at::zeros(global_shape, shard_of.at(0).options());
   // One device per distinct tile (and, for partial sums, every device of a reduction group).
   std::map<std::vector<int64_t>, std::vector<int64_t>> devices_of_tile;
-  for (int64_t dev = 0; dev < static_cast<int64_t>(shards_.size()); ++dev) {
+  for (int64_t dev = 0; dev < static_cast<int64_t>(shard_of.size()); ++dev) {
     std::vector<int64_t> tile;
     for (int64_t d = 0; d < sharding_.rank(); ++d) tile.push_back(sharding_.TileIndex(d, dev));
     devices_of_tile[tile].push_back(dev);
@@ -177,7 +193,7 @@ at::Tensor DeviceData::ToHost() const {
       lengths.push_back(len);
     }
     auto unpadded = [&](int64_t dev) {
-      at::Tensor s = shards_[dev]->tensor;
+      at::Tensor s = shard_of[dev];
       for (int64_t d = 0; d < sharding_.rank(); ++d) s = s.narrow(d, 0, lengths[d]);
       return s;
     };

@@ -17,6 +17,7 @@
 #include "ir/internal_attrs.h"
 #include "ir/internal_ops.h"
 #include "runtime/host_block_pool.h"
+#include "runtime/process_span.h"
 #include "runtime/internal_kernels.h"
 #include "runtime/row_merge.h"
 
@@ -402,12 +403,12 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
   std::vector<int64_t> tiles;
   if (ins.random && !node.shardings().empty() && node.shardings()[0].valid()) {
     const Sharding& layout = node.shardings()[0];
-    const int64_t n = DeviceSet::Get().num_devices();
+    const int64_t n = DeviceSet::Get().num_devices(), first = FirstLocalDevice();
     tiles.resize(n);
     for (int64_t d = 0; d < n; ++d) {
       int64_t tile = 0;
       for (int64_t dim = 0; dim < layout.rank(); ++dim)
-        tile = tile * layout.NumTiles(dim) + layout.TileIndex(dim, d);
+        tile = tile * layout.NumTiles(dim) + layout.TileIndex(dim, first + d);
       tiles[d] = tile;
     }
   }

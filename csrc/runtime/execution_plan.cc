@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -11,8 +12,19 @@
 #include "ir/internal_attrs.h"
 #include "ir/internal_ops.h"
 #include "runtime/device_set.h"
+#include "runtime/process_span.h"
 
 namespace spmd::runtime {
+
+namespace {
+bool FoldingEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("SPMD_FOLD");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+}  // namespace
 
 namespace {
 
@@ -286,6 +298,10 @@ void Planner::PlanViews(const std::vector<int>& last_use) {
 
 // Contractions whose summed results meet their reduction (fold.h).
 void Planner::PlanFolds() {
+  // A fold reads every member's operands at once: with the members in several processes
+  // (process_span.h) they are not all here. SPMD_FOLD=0 turns folding off (the reductions then
+  // add the members' partial sums in member order, as they do across processes).
+  if (ProcessSpan::Current() || !FoldingEnabled()) return;
   std::vector<std::vector<int>> readers(num_slots_);
   for (size_t i = 0; i < instructions_.size(); ++i)
     for (int s : instructions_[i].inputs)

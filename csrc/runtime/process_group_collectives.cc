@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/error_message.h"
+#include "runtime/process_span.h"
 #include "runtime/tile_ops.h"
 
 namespace spmd::runtime {
@@ -247,6 +248,36 @@ DeviceTensors ProcessGroupCollectives::DoCollectivePermute(const DeviceTensors& 
   out[rank_] = received.defined() ? received.to(x.scalar_type())
                                   : at::zeros_like(x, at::MemoryFormat::Contiguous);
   return out;
+}
+
+namespace {
+
+// The span's exchanges over the world group: an all-gather of equally shaped tensors.
+class ProcessGroupSpan final : public ProcessSpan {
+ public:
+  ProcessGroupSpan(ProcessGroupCollectives::ProcessGroupPtr world, int64_t local_devices)
+      : ProcessSpan(world->getRank(), world->getSize(), local_devices), world_(std::move(world)) {}
+
+  at::Tensor AllGather(const at::Tensor& local, const char* what) override {
+    std::vector<at::Tensor> inputs{ReadWire(local)};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int64_t p = 0; p < process_count(); ++p) outputs[0].push_back(at::empty_like(inputs[0]));
+    Wait(world_->allgather(outputs, inputs), what);
+    NoteSent(inputs[0].numel() * static_cast<int64_t>(inputs[0].element_size()) *
+             (process_count() - 1));
+    return at::cat(outputs[0], 0).to(local.scalar_type());
+  }
+
+ private:
+  ProcessGroupCollectives::ProcessGroupPtr world_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessSpan> MakeProcessGroupSpan(ProcessGroupCollectives::ProcessGroupPtr world,
+                                                  int64_t local_devices) {
+  SPMD_CHECK_VALUE(world, "a process span needs a process group");
+  return std::make_shared<ProcessGroupSpan>(std::move(world), local_devices);
 }
 
 }  // namespace spmd::runtime

@@ -74,4 +74,10 @@ class ProcessGroupCollectives final : public Collectives {
   std::map<std::vector<int64_t>, ProcessGroupPtr> groups_;  // sorted ranks -> communicator
 };
 
+class ProcessSpan;  // process_span.h
+// Multi-process SPMD over `world` (every process a rank), this process owning `local_devices`
+// of the global devices: the span's exchanges run as gloo all-gathers on `world`.
+std::shared_ptr<ProcessSpan> MakeProcessGroupSpan(ProcessGroupCollectives::ProcessGroupPtr world,
+                                                  int64_t local_devices);
+
 }  // namespace spmd::runtime

@@ -21,6 +21,7 @@
 #include "ir/internal_ops.h"
 #include "runtime/collectives.h"
 #include "runtime/internal_kernels.h"
+#include "runtime/process_span.h"
 #include "runtime/stacked.h"
 #include "runtime/tile_ops.h"
 
@@ -270,9 +271,67 @@ std::vector<Stacked> HaloExchange(const Call& c) {
 
 using Kernel = std::vector<Stacked> (*)(const Call&);
 
+// Multi-process SPMD (process_span.h): the kernels above see every global device. A value
+// held here has rows for this process's devices only; these give it rows for all of them.
+
+// Other processes' devices read this process's first device's row: no data moves, and
+// a group lying in another process computes something this process then drops (when the
+// value is alike there, nothing extra: keys repeat).
+Stacked WithForeignDevicesAsLocal(const Stacked& x, const ProcessSpan& span) {
+  auto map = std::make_shared<RowMap>();
+  const int64_t first = span.first_device(), local = span.local_devices();
+  map->rows = x.map->rows;
+  map->row_of.resize(span.global_devices());
+  for (int64_t g = 0; g < span.global_devices(); ++g) {
+    const bool mine = g >= first && g < first + local;
+    map->row_of[g] = x.map->row_of[mine ? g - first : 0];
+  }
+  return Stacked{x.rows, std::move(map), x.single, x.summed};
+}
+
+// Every device's shard, gathered from the processes that hold them: one exchange.
+Stacked Exchanged(const Stacked& x, ProcessSpan& span, const char* what) {
+  SPMD_CHECK(!x.summed, "internal error: a folded sum reached a collective across processes");
+  std::vector<int64_t> idx(x.map->row_of.begin(), x.map->row_of.end());
+  at::Tensor mine = SelectRows(x.rows, idx).contiguous();  // [L, *local]
+  return Stacked{span.AllGather(mine, what), IdentityMap(span.global_devices())};
+}
+
+// This process's devices' rows of a value computed for every global device.
+Stacked LocalRows(const Stacked& s, const ProcessSpan& span) {
+  if (!s.defined()) return s;
+  const int64_t first = span.first_device(), local = span.local_devices();
+  std::vector<int64_t> keys(local);
+  for (int64_t l = 0; l < local; ++l) keys[l] = s.map->row_of[first + l];
+  std::vector<int64_t> first_device;
+  RowMapPtr map = MapOfKeys(keys, 1, &first_device);
+  std::vector<int64_t> source(map->rows);
+  for (int64_t r = 0; r < map->rows; ++r) source[r] = keys[first_device[r]];
+  at::Tensor rows = SelectRows(s.rows, source);
+  at::Tensor single = map->rows == 1 ? rows.select(0, 0) : at::Tensor();
+  return Stacked{rows, std::move(map), single, s.summed};
+}
+
+std::vector<Stacked> RunAcrossProcesses(Kernel kernel, const ir::Node& node,
+                                        const std::vector<const Stacked*>& inputs,
+                                        ProcessSpan& span) {
+  SPMD_CHECK(inputs.size() == 1 && !node.shardings().empty() && node.shardings()[0].valid(),
+             node.op()->qualified, " takes one tensor and has an output sharding");
+  const ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*node.op(), node.args());
+  const MeshGroups groups(node.shardings()[0].mesh(), attrs.axes);
+  const Stacked global = GroupsSpanProcesses(groups.groups())
+                             ? Exchanged(*inputs[0], span, node.op()->qualified.c_str())
+                             : WithForeignDevicesAsLocal(*inputs[0], span);
+  std::vector<Stacked> out = kernel(Prepare(node, {&global}));
+  for (Stacked& s : out) s = LocalRows(s, span);
+  return out;
+}
+
 void Register(const ir::OpInfo* op, Kernel kernel) {
   RegisterStackedKernel(op->qualified, [kernel](const ir::Node& node,
                                                 const std::vector<const Stacked*>& inputs) {
+    if (std::shared_ptr<ProcessSpan> span = ProcessSpan::Current())
+      return RunAcrossProcesses(kernel, node, inputs, *span);
     return kernel(Prepare(node, inputs));
   });
 }

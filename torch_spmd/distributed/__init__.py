@@ -9,6 +9,7 @@ multi-process world with ``init_multiprocess()``, PyTorch/XLA's
 from typing import Optional
 
 from . import _process_world
+from . import _spmd_processes
 
 
 def init_multiprocess(timeout: Optional[float] = None) -> None:
@@ -38,4 +39,20 @@ def is_multiprocess() -> bool:
     return _process_world.is_multiprocess()
 
 
-__all__ = ["init_multiprocess", "shutdown_multiprocess", "is_multiprocess"]
+def init_spmd_processes(timeout: Optional[float] = None) -> None:
+    """Makes this process one of several that together run ONE SPMD program over one mesh,
+    each owning a contiguous slice of the ``SPMD_NUM_DEVICES`` global devices (as each host of
+    a multi-host pod owns its chips). The world comes from the launcher (torchrun's RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or torch.distributed's gloo default group.
+    ``xr.use_spmd()`` calls it when a launcher started several processes.
+    See docs/multihost_spmd.md."""
+    _spmd_processes.init(timeout)
+
+
+def shutdown_spmd_processes(barrier: bool = True) -> None:
+    """Leaves the multi-process SPMD world (after a barrier) and destroys the default group."""
+    _spmd_processes.shutdown(barrier)
+
+
+__all__ = ["init_multiprocess", "shutdown_multiprocess", "is_multiprocess",
+           "init_spmd_processes", "shutdown_spmd_processes"]

@@ -28,6 +28,7 @@ import traceback
 import torch.distributed as dist
 
 from . import _process_world
+from . import _spmd_processes
 
 # Seconds between asking the surviving processes to stop (SIGTERM) and killing them.
 _TERMINATE_GRACE = 5.0
@@ -70,7 +71,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _replica_envs(nprocs):
+# Set in the processes spawn_spmd starts: each joins a multi-process SPMD world (several
+# devices per process, one mesh) instead of being one replica with one device.
+_SPMD_WORLD_ENV = "TORCH_SPMD_SPAWNED_SPMD"
+
+
+def _replica_envs(nprocs, spmd=False):
     """The environment of each replica process, from the launcher's torchrun-style variables."""
     launchers = _env_int("WORLD_SIZE", 1)
     launcher = _env_int("RANK", 0)
@@ -94,9 +100,14 @@ def _replica_envs(nprocs):
             "RANK": str(launcher * nprocs + index),
             "LOCAL_RANK": str(local_launcher * nprocs + index),
             "LOCAL_WORLD_SIZE": str(local_launchers * nprocs),
-            # One device per replica process; set before torch_spmd creates its device set.
-            "SPMD_NUM_DEVICES": "1",
         })
+        if spmd:
+            # The global device count, split over the processes (_spmd_processes).
+            envs[-1]["SPMD_NUM_DEVICES"] = os.environ.get("SPMD_NUM_DEVICES", "8")
+            envs[-1][_SPMD_WORLD_ENV] = "1"
+        else:
+            # One device per replica process; set before torch_spmd creates its device set.
+            envs[-1]["SPMD_NUM_DEVICES"] = "1"
     return envs
 
 
@@ -104,9 +115,14 @@ def _replica_main(index, fn, args, env, error_queue):
     """Body of one replica process."""
     os.environ.update(env)
     try:
-        _process_world.init_from_env()
-        fn(int(env["RANK"]), *args)
-        _process_world.shutdown(barrier=True)
+        if env.get(_SPMD_WORLD_ENV):
+            _spmd_processes.init()
+            fn(int(env["RANK"]), *args)
+            _spmd_processes.shutdown(barrier=True)
+        else:
+            _process_world.init_from_env()
+            fn(int(env["RANK"]), *args)
+            _process_world.shutdown(barrier=True)
     except Exception:
         # The parent re-raises this; the others are terminated, so no one waits on a barrier.
         tb = traceback.format_exc()
@@ -221,7 +237,23 @@ def spawn(fn, args=(), nprocs=None, join=True, daemon=False, start_method="spawn
     if nprocs == 1 and join and dist.is_torchelastic_launched():
         _run_in_this_process(fn, args)
         return None
-    envs = _replica_envs(nprocs)
+    return _start(_replica_envs(nprocs), fn, args, join, daemon, start_method)
+
+
+def spawn_spmd(fn, args=(), nprocs=2, join=True, daemon=False, start_method="spawn"):
+    """Runs ``fn(process_index, *args)`` in ``nprocs`` new processes that together form ONE
+    multi-process SPMD world: the ``SPMD_NUM_DEVICES`` global devices (default 8) split evenly
+    over them, one mesh, the same program in each (docs/multihost_spmd.md). The one-host
+    stand-in for one process per host of a pod; failures are reported as ``spawn``'s.
+    With several launchers (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, one per machine),
+    launcher r runs processes ``r * nprocs ..``, as ``spawn`` does."""
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+    return _start(_replica_envs(nprocs, spmd=True), fn, args, join, daemon, start_method)
+
+
+def _start(envs, fn, args, join, daemon, start_method):
+    """Starts one process per environment of ``envs`` running ``fn``; joins them if ``join``."""
     ctx = multiprocessing.get_context(start_method)
     processes, error_queues = [], []
     for index, env in enumerate(envs):

@@ -242,12 +242,15 @@ class XLAShardedTensor(DTensor):
             raise RuntimeError(
                 "Replicated tensor should not be loaded from _load_local_shards - use copy_")
         n = _C._num_devices()
+        span = _C._process_span()
+        first = span[0] * span[2] if span is not None else 0  # this process's first device
         by_device = {_device_index(s.shard_device): s.data for s in shards}
-        if len(shards) != n or sorted(by_device) != list(range(n)):
+        if len(shards) != n or sorted(by_device) != list(range(first, first + n)):
             raise RuntimeError(
                 "Shards must be provided for all local devices: got devices "
-                f"{sorted(_device_index(s.shard_device) for s in shards)}, expected 0..{n - 1}")
-        _C._load_local_shards(self.global_tensor, [by_device[i] for i in range(n)])
+                f"{sorted(_device_index(s.shard_device) for s in shards)}, expected "
+                f"{first}..{first + n - 1}")
+        _C._load_local_shards(self.global_tensor, [by_device[i] for i in range(first, first + n)])
         self.invalidate_spec_cache()
 
     def __repr__(self) -> str:

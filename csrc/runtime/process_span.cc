@@ -1,0 +1,86 @@
+#include "runtime/process_span.h"
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+
+#include "core/error.h"
+#include "core/metrics.h"
+#include "runtime/device_set.h"
+
+namespace spmd::runtime {
+
+namespace {
+std::mutex& SpanMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::shared_ptr<ProcessSpan>& Installed() {
+  static std::shared_ptr<ProcessSpan> span;
+  return span;
+}
+}  // namespace
+
+ProcessSpan::ProcessSpan(int64_t process_index, int64_t process_count, int64_t local_devices)
+    : process_index_(process_index), process_count_(process_count), local_devices_(local_devices) {
+  SPMD_CHECK_VALUE(process_count >= 1 && process_index >= 0 && process_index < process_count,
+                   "process index ", process_index, " is not in [0, ", process_count, ")");
+  SPMD_CHECK_VALUE(local_devices >= 1, "each process needs at least one device, got ",
+                   local_devices);
+}
+
+void ProcessSpan::NoteSent(int64_t bytes) {
+  Metrics::Get().Record("CrossProcessBytes", static_cast<double>(bytes));
+}
+
+std::shared_ptr<ProcessSpan> ProcessSpan::Current() {
+  std::lock_guard<std::mutex> lock(SpanMutex());
+  return Installed();
+}
+
+void ProcessSpan::Set(std::shared_ptr<ProcessSpan> span) {
+  if (span)
+    SPMD_CHECK_VALUE(DeviceSet::Get().num_devices() == span->local_devices(),
+                     "the device set has ", DeviceSet::Get().num_devices(),
+                     " devices but the process span gives this process ",
+                     span->local_devices());
+  std::lock_guard<std::mutex> lock(SpanMutex());
+  Installed() = std::move(span);
+}
+
+int64_t GlobalDeviceCount() {
+  auto span = ProcessSpan::Current();
+  return span ? span->global_devices() : DeviceSet::Get().num_devices();
+}
+
+int64_t FirstLocalDevice() {
+  auto span = ProcessSpan::Current();
+  return span ? span->first_device() : 0;
+}
+
+bool GroupsSpanProcesses(const std::vector<std::vector<int64_t>>& groups) {
+  auto span = ProcessSpan::Current();
+  if (!span || span->process_count() == 1) return false;
+  for (const auto& g : groups)
+    for (int64_t d : g)
+      if (span->ProcessOf(d) != span->ProcessOf(g[0])) return true;
+  return false;
+}
+
+void CheckSameProgramEverywhere(uint64_t key, const std::string& what) {
+  auto span = ProcessSpan::Current();
+  if (!span || span->process_count() == 1) return;
+  at::Tensor mine = at::tensor({static_cast<int64_t>(key)}, at::kLong);
+  at::Tensor all = span->AllGather(mine, "the program check");
+  const int64_t* keys = all.data_ptr<int64_t>();
+  std::vector<int64_t> differing;
+  for (int64_t p = 0; p < span->process_count(); ++p)
+    if (keys[p] != keys[0]) differing.push_back(p);
+  SPMD_CHECK(differing.empty(), "multi-process SPMD: process ", span->process_index(), " of ",
+             span->process_count(), " runs ", what, " ", static_cast<int64_t>(key),
+             " but process(es) ", c10::IntArrayRef(differing), " run a different one than ",
+             "process 0 (", keys[0], "): every process must record the same ops in the same ",
+             "order (a script that branches on process_index() diverges here)");
+}
+
+}  // namespace spmd::runtime

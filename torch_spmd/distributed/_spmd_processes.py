@@ -1,0 +1,119 @@
+"""Multi-process SPMD: one mesh of global devices split over several processes (hosts).
+
+As on a multi-host TPU pod, every process runs the same script and owns a contiguous slice of
+the global devices: process p of P holds devices ``[p * L, (p + 1) * L)`` with ``L = N / P``,
+``N`` being ``SPMD_NUM_DEVICES`` (the *global* count, default 8; the same on every process).
+Each process compiles the same partitioned program and runs it for its own devices; the
+collectives whose groups span processes run over torch.distributed's gloo default group
+(``csrc/runtime/process_span.h``).
+
+A process joins with ``torch_spmd.distributed.init_spmd_processes()`` or, when a launcher
+(torchrun, ``spawn_spmd``) started it with ``WORLD_SIZE > 1``, with ``xr.use_spmd()``.
+"""
+import datetime
+import os
+from typing import Optional
+
+import torch.distributed as dist
+
+from .. import _C
+from .. import runtime
+from . import _process_world
+
+_DEFAULT_DEVICES = 8
+_DEFAULT_MEMORY = "16GiB"
+
+
+class MismatchedSettingsError(RuntimeError):
+    """Processes of one multi-process SPMD world were started with different settings."""
+
+
+def _settings() -> dict:
+    """What every process must agree on, from this process's environment."""
+    text = os.environ.get("SPMD_NUM_DEVICES", str(_DEFAULT_DEVICES))
+    try:
+        devices = int(text)
+    except ValueError:
+        devices = -1
+    if devices < 1:
+        raise ValueError(f"SPMD_NUM_DEVICES must be a positive integer (the global device "
+                         f"count in multi-process SPMD), got {text!r}")
+    memory = _C._parse_bytes(os.environ.get("SPMD_DEVICE_MEMORY", _DEFAULT_MEMORY))
+    return {"SPMD_NUM_DEVICES": devices, "SPMD_DEVICE_MEMORY": memory}
+
+
+def is_active() -> bool:
+    """Whether this process is one of several of a multi-process SPMD world."""
+    return _C._process_span() is not None
+
+
+def launched_with_several_processes() -> bool:
+    """Whether a launcher described a world of more than one process (RANK, WORLD_SIZE)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("RANK") is not None
+    except ValueError:
+        return False
+
+
+def init(timeout: Optional[float] = None) -> None:
+    """Joins the multi-process SPMD world the launcher describes (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), or the one torch.distributed's default group already forms.
+
+    Every process must have the same ``SPMD_NUM_DEVICES`` (global devices, divisible by the
+    process count) and ``SPMD_DEVICE_MEMORY``; a mismatch raises MismatchedSettingsError in
+    every process, naming each process's values. Call it before creating spmd tensors."""
+    if is_active():
+        return
+    if _process_world.is_multiprocess():
+        raise RuntimeError("this process is a replica of a multi-process (xmp.spawn) world, "
+                           "one device per process; multi-process SPMD needs its own world")
+    if timeout is None:
+        timeout = _process_world.timeout_seconds()
+    if not dist.is_initialized():
+        missing = [v for v in _process_world.LAUNCHER_ENV if not os.environ.get(v)]
+        if missing:
+            raise RuntimeError(
+                f"multi-process SPMD: the environment variables {', '.join(missing)} are not "
+                "set: start the script with a launcher such as torchrun (or set RANK, "
+                "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or call dist.init_process_group first")
+        dist.init_process_group(
+            "gloo", init_method=_process_world.env_init_method(),
+            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=datetime.timedelta(seconds=timeout))
+    elif "gloo" not in str(dist.get_backend()):
+        raise RuntimeError("multi-process SPMD runs its collectives over gloo, but "
+                           f"torch.distributed's default group uses {dist.get_backend()!r}")
+    count = dist.get_world_size()
+    settings = _settings()
+    everyone = [None] * count
+    dist.all_gather_object(everyone, settings)
+    differing = [p for p in range(count) if everyone[p] != everyone[0]]
+    if differing:
+        listed = "; ".join(f"process {p}: {everyone[p]}" for p in range(count))
+        raise MismatchedSettingsError(
+            f"multi-process SPMD: the processes were started with different settings "
+            f"(process(es) {differing} differ from process 0): {listed}. Every process needs "
+            "the same SPMD_NUM_DEVICES (global devices) and SPMD_DEVICE_MEMORY")
+    devices = settings["SPMD_NUM_DEVICES"]
+    if devices % count:
+        raise ValueError(f"SPMD_NUM_DEVICES={devices} global devices cannot be split evenly "
+                         f"over {count} processes: use a multiple of {count}")
+    local = devices // count
+    memory = _C._memory_info(0)["bytes_limit"]
+    if _C._num_devices() != local or memory != settings["SPMD_DEVICE_MEMORY"]:
+        runtime.configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
+    _C._install_process_span(dist.distributed_c10d._get_default_group(), local)
+
+
+def shutdown(barrier: bool = True) -> None:
+    """Leaves the multi-process SPMD world (waiting for the others when ``barrier``); the
+    process keeps its local devices only."""
+    if not is_active():
+        return
+    try:
+        if barrier and dist.is_initialized():
+            dist.barrier()
+    finally:
+        _C._clear_process_span()
+        if dist.is_initialized():
+            dist.destroy_process_group()
