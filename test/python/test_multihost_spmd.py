@@ -1,0 +1,297 @@
+"""Multi-process SPMD: one mesh over several processes (docs/multihost_spmd.md).
+
+The same training programs (data parallel, FSDPv2, Megatron on a 2-D mesh, a spatially
+sharded conv, Adam, gradient checkpointing) run on 1 process x 8 devices, 2 x 4 and 4 x 2, and
+on the CPU without torch_spmd: losses and parameters must agree. Then the API (device counts,
+local shards, device attributes), what crosses processes (metrics), and the failures: settings
+that differ, a process that diverges, a process that dies.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import torch_spmd.distributed.xla_multiprocessing as xmp
+
+# Minutes of work (processes): scripts/test.sh runs it, plain pytest does not.
+pytestmark = pytest.mark.slow
+
+# A process that waits for a dead peer gives up after this many seconds (spawn stops the others
+# sooner): a broken test fails instead of hanging.
+os.environ.setdefault("SPMD_DIST_TIMEOUT", "60")
+
+KINDS = ("dp", "fsdpv2", "megatron", "conv", "adam_checkpointed")
+STEPS = 3
+
+
+def _batch(kind, step):
+    g = torch.Generator().manual_seed(100 + step)
+    if kind == "conv":
+        return torch.randn(4, 3, 16, 8, generator=g), torch.randn(4, 4, 16, 8, generator=g)
+    return torch.randn(16, 12, generator=g), torch.randn(16, 6, generator=g)
+
+
+def _model(kind):
+    torch.manual_seed(0)
+    if kind == "conv":
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Tanh(),
+                                   torch.nn.Conv2d(8, 4, 3, padding=1))
+    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 6))
+
+
+def _train(kind, dev, spmd):
+    """Losses and final parameters of STEPS steps of `kind` (on the CPU when not `spmd`)."""
+    model = _model(kind)
+    forward = model
+    if spmd:
+        import torch_spmd.core.xla_model as xm
+        import torch_spmd.distributed.spmd as xs
+        import torch_spmd.runtime as xr
+        n = xr.global_runtime_device_count()
+        model = model.to(dev)
+        forward = model
+        if kind == "dp":
+            mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+            in_spec = ("data", None)
+        elif kind == "fsdpv2":
+            from torch_spmd.experimental.spmd_fully_sharded_data_parallel import \
+                SpmdFullyShardedDataParallel as FSDPv2
+            mesh = xs.Mesh(np.arange(n), (n, 1), ("fsdp", "model"))
+            forward = FSDPv2(model, mesh=mesh)
+            in_spec = ("fsdp", None)
+        elif kind in ("megatron", "adam_checkpointed"):
+            mesh = xs.Mesh(np.arange(n), (2, n // 2), ("data", "model"))
+            xs.mark_sharding(model[0].weight, mesh, ("model", None))
+            xs.mark_sharding(model[0].bias, mesh, ("model",))
+            xs.mark_sharding(model[2].weight, mesh, (None, "model"))
+            in_spec = ("data", None)
+        else:  # conv: the batch over 'data', the image height over 'spatial'
+            mesh = xs.Mesh(np.arange(n), (2, n // 2), ("data", "spatial"))
+            in_spec = ("data", None, "spatial", None)
+    if kind == "adam_checkpointed":
+        inner = forward
+        forward = lambda x: torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        x, y = _batch(kind, step)
+        x, y = x.to(dev), y.to(dev)
+        if spmd:
+            xs.mark_sharding(x, mesh, in_spec)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(forward(x), y)
+        loss.backward()
+        opt.step()
+        if spmd:
+            xm.mark_step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def _worker(index, out_dir):
+    import torch_spmd
+    import torch_spmd.runtime as xr
+    xr.use_spmd()
+    results = {kind: _train(kind, torch_spmd.device(), True) for kind in KINDS}
+    if xr.process_index() == 0:
+        torch.save(results, os.path.join(out_dir, "results.pt"))
+
+
+def _run_in_one_process(path):
+    """1 process x 8 devices, in a child (this process's device set is the test session's)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch; sys.path.insert(0, %r); import test_multihost_spmd as t; "
+            "import torch_spmd, torch_spmd.runtime as xr; xr.use_spmd(); "
+            "torch.save({k: t._train(k, torch_spmd.device(), True) for k in t.KINDS}, sys.argv[1])"
+            % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, SPMD_NUM_DEVICES="8")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=env, timeout=600)
+    return torch.load(path)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """Results of every program on 1 x 8, 2 x 4 and 4 x 2 (processes x devices)."""
+    out = {(1, 8): _run_in_one_process(tmp_path_factory.mktemp("one") / "results.pt")}
+    for nprocs in (2, 4):
+        d = tmp_path_factory.mktemp(f"p{nprocs}")
+        os.environ["SPMD_NUM_DEVICES"] = "8"
+        try:
+            xmp.spawn_spmd(_worker, args=(str(d),), nprocs=nprocs)
+        finally:
+            os.environ.pop("SPMD_NUM_DEVICES", None)
+        out[(nprocs, 8 // nprocs)] = torch.load(d / "results.pt")
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_training_on_1x8_2x4_4x2_and_cpu(layouts, kind):
+    cpu_losses, cpu_params = _train(kind, "cpu", False)
+    one_losses, one_params = layouts[(1, 8)][kind]
+    for layout in ((2, 4), (4, 2)):
+        losses, params = layouts[layout][kind]
+        # Across processes the collectives add the members in the order one process does; the
+        # local kernels run over fewer stacked rows (a batched and an unbatched matmul round
+        # alike to within an ulp or so), hence the tight tolerance rather than equality.
+        np.testing.assert_allclose(losses, one_losses, rtol=1e-6, atol=0, err_msg=str(layout))
+        for p, q in zip(params, one_params):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=f"{kind} {layout}")
+    np.testing.assert_allclose(one_losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    for p, q in zip(one_params, cpu_params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_programs_are_not_all_alike(layouts):
+    """The comparison above means something: the programs train (losses change) and differ."""
+    for kind in KINDS:
+        losses, _ = layouts[(2, 4)][kind]
+        assert losses[0] != losses[-1], kind
+    assert layouts[(2, 4)]["dp"][0] != layouts[(2, 4)]["conv"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The API each process sees, and what crosses processes.
+
+def _api_worker(index, out_dir):
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.debug.metrics as met
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.runtime as xr
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (2, n // 2), ("data", "model"))
+    t = torch.arange(64, dtype=torch.float32).reshape(8, 8).to(torch_spmd.device())
+    xs.mark_sharding(t, mesh, ("data", "model"))
+    u = (t * 2).sum(0)  # a reduction over 'data', which spans the processes
+    xm.mark_step()
+    met.clear_all()
+    v = (t * 3).sum(0)
+    xm.mark_step()
+    shards = xs.wrap_if_sharded(t).local_shards
+    # A tensor alike on every process but loaded shard by shard (devices' own values).
+    s = torch.zeros(8, 8).to(torch_spmd.device())
+    xs.mark_sharding(s, mesh, ("data", "model"))
+    xs.wrap_if_sharded(s).load_local_shards_(
+        [type(sh)(torch.full_like(sh.data, float(xr.process_index() + 1)), sh.indices,
+                  sh.shard_device, sh.replica_id) for sh in shards])
+    info = {
+        "process": (xr.process_index(), xr.process_count()),
+        "counts": (n, xr.addressable_runtime_device_count(), xr.addressable_device_count()),
+        "attrs": [a["process"] for a in xr.global_runtime_device_attributes()],
+        "devices": [sh.shard_device for sh in shards],
+        "indices": [[(i.start, i.stop) for i in sh.indices] for sh in shards],
+        "shard_values": [sh.data for sh in shards],
+        "u": u.cpu(), "v": v.cpu(), "t": t.cpu(), "s": s.cpu(),
+        "cross_bytes": met.metric_data("CrossProcessBytes"),
+        "all_reduces": met.counter_value("CollectiveAllReduce"),
+    }
+    torch.save(info, os.path.join(out_dir, f"api{index}.pt"))
+
+
+def test_api_local_shards_and_cross_process_bytes(tmp_path):
+    os.environ["SPMD_NUM_DEVICES"] = "8"
+    try:
+        xmp.spawn_spmd(_api_worker, args=(str(tmp_path),), nprocs=2)
+    finally:
+        os.environ.pop("SPMD_NUM_DEVICES", None)
+    infos = [torch.load(tmp_path / f"api{p}.pt") for p in range(2)]
+    t = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    for p, info in enumerate(infos):
+        assert info["process"] == (p, 2)
+        assert info["counts"] == (8, 4, 1)
+        assert info["attrs"] == [0, 0, 0, 0, 1, 1, 1, 1]
+        # Process p holds devices 4p..4p+3: mesh row p, i.e. rows 4p..4p+3 of t, in 2-col tiles.
+        assert info["devices"] == [f"SPMD:{d}" for d in range(4 * p, 4 * p + 4)]
+        assert info["indices"] == [[(4 * p, 4 * p + 4), (2 * c, 2 * c + 2)] for c in range(4)]
+        for c, data in enumerate(info["shard_values"]):
+            torch.testing.assert_close(data, t[4 * p:4 * p + 4, 2 * c:2 * c + 2])
+        torch.testing.assert_close(info["t"], t)
+        torch.testing.assert_close(info["u"], (t * 2).sum(0))
+        torch.testing.assert_close(info["v"], (t * 3).sum(0))
+        # Every process reads the whole value: loaded shard by shard, each process's rows.
+        expected_s = torch.cat([torch.full((4, 8), 1.0), torch.full((4, 8), 2.0)])
+        torch.testing.assert_close(info["s"], expected_s)
+        # The step's all-reduce over 'data' crossed processes: it exchanged this process's four
+        # [1, 2] partial sums (float32) with the other process, then .cpu() gathered v's shards.
+        assert info["all_reduces"] >= 1
+        count, total, samples = info["cross_bytes"]
+        assert count >= 1 and total > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures: clear errors in every process, no hang.
+
+def _free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_mismatched_device_counts_are_an_error_in_every_process():
+    """Two processes started as a launcher would (RANK, WORLD_SIZE, MASTER_*), each with its
+    own SPMD_NUM_DEVICES: both fail at use_spmd(), naming every process's value."""
+    import subprocess
+    import sys
+    port = str(_free_port())
+    code = "import torch_spmd.runtime as xr; xr.use_spmd()"
+    procs = []
+    for rank, devices in enumerate(("8", "4")):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, SPMD_NUM_DEVICES=devices)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode != 0
+        assert "MismatchedSettingsError" in err and "different settings" in err, err
+        assert "'SPMD_NUM_DEVICES': 8" in err and "'SPMD_NUM_DEVICES': 4" in err, err
+
+
+def _diverging_worker(index, out_dir):
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.runtime as xr
+    xr.use_spmd()
+    t = torch.ones(8, 4).to(torch_spmd.device())
+    if xr.process_index() == 1:
+        t = t + 1  # only process 1 records this: another program
+    xm.mark_step()
+    (t * 2).sum().item()
+
+
+def test_a_diverging_process_is_reported_not_deadlocked(tmp_path):
+    started = time.time()
+    with pytest.raises(xmp.ProcessRaisedException, match=r"different one than process 0"):
+        xmp.spawn_spmd(_diverging_worker, args=(str(tmp_path),), nprocs=2)
+    assert time.time() - started < 120
+
+
+def _dying_worker(index, out_dir):
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.runtime as xr
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+    t = torch.ones(8, 4).to(torch_spmd.device())
+    xs.mark_sharding(t, mesh, ("data", None))
+    (t * 2).sum().item()
+    if xr.process_index() == 1:
+        os._exit(3)  # killed mid-training
+    for _ in range(3):
+        (t * 2).sum().item()
+
+
+def test_a_dying_process_stops_the_others_quickly(tmp_path):
+    started = time.time()
+    with pytest.raises((xmp.ProcessExitedException, xmp.ProcessRaisedException)):
+        xmp.spawn_spmd(_dying_worker, args=(str(tmp_path),), nprocs=2)
+    assert time.time() - started < 120
