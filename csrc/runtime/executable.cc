@@ -20,6 +20,7 @@
 #include "runtime/process_span.h"
 #include "runtime/internal_kernels.h"
 #include "runtime/row_merge.h"
+#include "runtime/span_kernels.h"
 
 namespace spmd::runtime {
 
@@ -167,6 +168,28 @@ Executable::Executable(partition::Program program)
       plan_(PlanExecution(program_)),
       unbatchable_(new std::atomic<bool>[plan_.instructions.size()]) {
   for (size_t i = 0; i < plan_.instructions.size(); ++i) unbatchable_[i] = false;
+  span_ = ProcessSpan::Current();
+  deferred_exchange_.assign(plan_.instructions.size(), false);
+  if (span_ && span_->process_count() > 1)
+    for (size_t i = 0; i < plan_.instructions.size(); ++i) {
+      const Instruction& ins = plan_.instructions[i];
+      deferred_exchange_[i] = ins.node->op()->internal && ins.stacked_kernel &&
+                              ins.inputs.size() == 1 && ins.outputs.size() == 1 &&
+                              ExchangesAcrossProcesses(*ins.node, *span_);
+    }
+}
+
+void Executable::RunDeferredExchanges(std::vector<size_t>& deferred,
+                                      std::vector<SlotValue>& slots) const {
+  if (deferred.empty()) return;
+  std::vector<at::Tensor> mine;
+  for (size_t index : deferred)
+    mine.push_back(ExchangeInput(StackIn(slots[plan_.instructions[index].inputs[0]])));
+  std::vector<at::Tensor> all = span_->AllGatherMany(mine, "collectives across processes");
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    const Instruction& ins = plan_.instructions[deferred[i]];
+    StoreResults(ins, RunWithExchanged(*ins.node, all[i], *span_), slots);
+  }
 }
 
 Executable::~Executable() = default;
@@ -629,9 +652,61 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   // The devices' buffers come from blocks the previous steps freed (host_block_pool.h).
   PooledHostAllocations pooled;
+  // Collectives across processes waiting to exchange together (with the views of their
+  // results, which run after them): the slots they will fill (`awaited`) and read (`held`).
+  // They run before anything else reads the first, frees the second or writes into an input.
+  std::vector<size_t> deferred, deferred_views;
+  std::vector<bool> awaited(plan_.num_slots, false), held(plan_.num_slots, false);
+  auto run_deferred = [&] {
+    const auto started = std::chrono::steady_clock::now();
+    RunDeferredExchanges(deferred, slots);
+    const float seconds =
+        std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count();
+    for (size_t index : deferred) {
+      const Instruction& ins = plan_.instructions[index];
+      profile.node_index.push_back(ins.node_index);
+      profile.seconds.emplace_back(num_devices, seconds / deferred.size());
+      FreeDeadSlots(ins, donated_slot, slots, &given_back);
+    }
+    for (size_t index : deferred_views) {
+      const Instruction& ins = plan_.instructions[index];
+      const auto view_started = std::chrono::steady_clock::now();
+      RunAtenOp(index, slots, scalars);
+      profile.node_index.push_back(ins.node_index);
+      profile.seconds.emplace_back(
+          num_devices,
+          std::chrono::duration<float>(std::chrono::steady_clock::now() - view_started).count());
+      FreeDeadSlots(ins, donated_slot, slots, &given_back);
+    }
+    deferred.clear();
+    deferred_views.clear();
+    std::fill(awaited.begin(), awaited.end(), false);
+    std::fill(held.begin(), held.end(), false);
+  };
   try {
     for (size_t index = 0; index < plan_.instructions.size(); ++index) {
       const Instruction& ins = plan_.instructions[index];
+      if (!deferred.empty()) {
+        const bool reads_awaited =
+            std::any_of(ins.inputs.begin(), ins.inputs.end(), [&](int s) { return awaited[s]; });
+        if (reads_awaited && ins.alias != ViewKind::kNone && ins.inputs.size() == 1 &&
+            !WritesAnInput(ins)) {
+          // A view of a collective's result (a gradient's transpose): waits with it.
+          deferred_views.push_back(index);
+          for (int o : ins.outputs) awaited[o] = true;
+          continue;
+        }
+        if (reads_awaited || WritesAnInput(ins) ||
+            std::any_of(ins.free_after.begin(), ins.free_after.end(),
+                        [&](int s) { return held[s]; }))
+          run_deferred();
+      }
+      if (deferred_exchange_[index]) {
+        deferred.push_back(index);
+        awaited[ins.outputs[0]] = true;
+        held[ins.inputs[0]] = true;
+        continue;
+      }
       profile.node_index.push_back(ins.node_index);
       try {
         // All devices at once: each gets the whole time.
@@ -653,6 +728,7 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
       }
       FreeDeadSlots(ins, donated_slot, slots, &given_back);
     }
+    run_deferred();
   } catch (...) {
     // The step failed: the donated inputs are still needed (their tensors' pending values
     // depend on them). Their host data never left; account their bytes again.

@@ -15,6 +15,7 @@
 #include "partition/program.h"
 #include "runtime/device_data.h"
 #include "runtime/execution_plan.h"
+#include "runtime/process_span.h"
 #include "runtime/stacked.h"
 #include "runtime/vmap_level.h"
 
@@ -112,6 +113,9 @@ class Executable {
   void RunAtenOp(size_t index, std::vector<SlotValue>& slots,
                  const std::vector<ir::ScalarValue>& scalars) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  // Multi-process SPMD: runs the collectives in `deferred` (instruction indices), whose groups
+  // span processes, with one exchange for all of them; clears it.
+  void RunDeferredExchanges(std::vector<size_t>& deferred, std::vector<SlotValue>& slots) const;
   // A view op without a copy (view_aliasing.h): shares, takes over or borrows its input's
   // bytes. False when it must copy (a reshape of a strided value).
   bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots,
@@ -131,6 +135,11 @@ class Executable {
 
   partition::Program program_;
   ExecutionPlan plan_;  // what to run, decided once (execution_plan.h)
+  // Per instruction: a collective across processes, which waits to exchange together with the
+  // next ones until something reads its result (XLA's all-reduce combiner, at run time: one
+  // exchange of many gradients instead of one each). Set when a process span is installed.
+  std::vector<bool> deferred_exchange_;
+  std::shared_ptr<ProcessSpan> span_;
   // Per instruction: vmap could not run it (learned on a run; it then runs per row).
   std::unique_ptr<std::atomic<bool>[]> unbatchable_;
 };

@@ -33,6 +33,25 @@ void ProcessSpan::NoteSent(int64_t bytes) {
   Metrics::Get().Record("CrossProcessBytes", static_cast<double>(bytes));
 }
 
+std::vector<at::Tensor> ProcessSpan::AllGatherMany(const std::vector<at::Tensor>& locals,
+                                                   const char* what) {
+  if (locals.size() == 1) return {AllGather(locals[0], what)};
+  std::vector<at::Tensor> bytes;
+  for (const at::Tensor& t : locals) bytes.push_back(t.contiguous().view({-1}).view(at::kByte));
+  at::Tensor all = AllGather(at::cat(bytes).unsqueeze(0), what);  // [P, total bytes]
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const int64_t length = bytes[i].numel();
+    std::vector<int64_t> shape = locals[i].sizes().vec();
+    shape[0] *= process_count_;
+    out.push_back(all.narrow(1, offset, length).contiguous().view(locals[i].scalar_type())
+                      .reshape(shape));
+    offset += length;
+  }
+  return out;
+}
+
 std::shared_ptr<ProcessSpan> ProcessSpan::Current() {
   std::lock_guard<std::mutex> lock(SpanMutex());
   return Installed();

@@ -38,6 +38,9 @@ class ProcessSpan {
   // Every process's `local` (equal shapes and dtypes everywhere) concatenated along dim 0 in
   // process order. Every process must call it, in the same order.
   virtual at::Tensor AllGather(const at::Tensor& local, const char* what) = 0;
+  // AllGather of several tensors (any dtypes and shapes, dim 0 concatenated) in one exchange:
+  // their bytes travel packed together.
+  std::vector<at::Tensor> AllGatherMany(const std::vector<at::Tensor>& locals, const char* what);
   // Bytes this process sent to other processes (a metric: CrossProcessBytes).
   static void NoteSent(int64_t bytes);
 

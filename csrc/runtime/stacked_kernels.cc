@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "ir/internal_attrs.h"
@@ -22,6 +24,7 @@
 #include "runtime/collectives.h"
 #include "runtime/internal_kernels.h"
 #include "runtime/process_span.h"
+#include "runtime/span_kernels.h"
 #include "runtime/stacked.h"
 #include "runtime/tile_ops.h"
 
@@ -289,14 +292,6 @@ Stacked WithForeignDevicesAsLocal(const Stacked& x, const ProcessSpan& span) {
   return Stacked{x.rows, std::move(map), x.single, x.summed};
 }
 
-// Every device's shard, gathered from the processes that hold them: one exchange.
-Stacked Exchanged(const Stacked& x, ProcessSpan& span, const char* what) {
-  SPMD_CHECK(!x.summed, "internal error: a folded sum reached a collective across processes");
-  std::vector<int64_t> idx(x.map->row_of.begin(), x.map->row_of.end());
-  at::Tensor mine = SelectRows(x.rows, idx).contiguous();  // [L, *local]
-  return Stacked{span.AllGather(mine, what), IdentityMap(span.global_devices())};
-}
-
 // This process's devices' rows of a value computed for every global device.
 Stacked LocalRows(const Stacked& s, const ProcessSpan& span) {
   if (!s.defined()) return s;
@@ -312,22 +307,52 @@ Stacked LocalRows(const Stacked& s, const ProcessSpan& span) {
   return Stacked{rows, std::move(map), single, s.summed};
 }
 
-std::vector<Stacked> RunAcrossProcesses(Kernel kernel, const ir::Node& node,
-                                        const std::vector<const Stacked*>& inputs,
-                                        ProcessSpan& span) {
-  SPMD_CHECK(inputs.size() == 1 && !node.shardings().empty() && node.shardings()[0].valid(),
-             node.op()->qualified, " takes one tensor and has an output sharding");
-  const ir::SpmdAttrs attrs = ir::SpmdAttrs::Read(*node.op(), node.args());
-  const MeshGroups groups(node.shardings()[0].mesh(), attrs.axes);
-  const Stacked global = GroupsSpanProcesses(groups.groups())
-                             ? Exchanged(*inputs[0], span, node.op()->qualified.c_str())
-                             : WithForeignDevicesAsLocal(*inputs[0], span);
+MeshGroups GroupsOf(const ir::Node& node) {
+  SPMD_CHECK(!node.shardings().empty() && node.shardings()[0].valid(), node.op()->qualified,
+             " has no output sharding to take its mesh from");
+  return MeshGroups(node.shardings()[0].mesh(), ir::SpmdAttrs::Read(*node.op(), node.args()).axes);
+}
+
+// The kernel of each spmd op (for RunWithExchanged, which the executor calls directly).
+std::unordered_map<const ir::OpInfo*, Kernel>& KernelsByOp() {
+  static auto* kernels = new std::unordered_map<const ir::OpInfo*, Kernel>();
+  return *kernels;
+}
+std::mutex& KernelsMutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+Kernel KernelOf(const ir::Node& node) {
+  std::lock_guard<std::mutex> lock(KernelsMutex());
+  auto it = KernelsByOp().find(node.op());
+  SPMD_CHECK(it != KernelsByOp().end(), "internal error: no stacked kernel for ",
+             node.op()->qualified);
+  return it->second;
+}
+
+std::vector<Stacked> RunOnGlobal(Kernel kernel, const ir::Node& node, const Stacked& global,
+                                 const ProcessSpan& span) {
   std::vector<Stacked> out = kernel(Prepare(node, {&global}));
   for (Stacked& s : out) s = LocalRows(s, span);
   return out;
 }
 
+std::vector<Stacked> RunAcrossProcesses(Kernel kernel, const ir::Node& node,
+                                        const std::vector<const Stacked*>& inputs,
+                                        ProcessSpan& span) {
+  SPMD_CHECK(inputs.size() == 1, node.op()->qualified, " takes one tensor, got ", inputs.size());
+  if (!ExchangesAcrossProcesses(node, span))
+    return RunOnGlobal(kernel, node, WithForeignDevicesAsLocal(*inputs[0], span), span);
+  at::Tensor all = span.AllGather(ExchangeInput(*inputs[0]), node.op()->qualified.c_str());
+  return RunWithExchanged(node, all, span);
+}
+
 void Register(const ir::OpInfo* op, Kernel kernel) {
+  {
+    std::lock_guard<std::mutex> lock(KernelsMutex());
+    KernelsByOp()[op] = kernel;
+  }
   RegisterStackedKernel(op->qualified, [kernel](const ir::Node& node,
                                                 const std::vector<const Stacked*>& inputs) {
     if (std::shared_ptr<ProcessSpan> span = ProcessSpan::Current())
@@ -337,6 +362,22 @@ void Register(const ir::OpInfo* op, Kernel kernel) {
 }
 
 }  // namespace
+
+bool ExchangesAcrossProcesses(const ir::Node& node, const ProcessSpan& span) {
+  return span.process_count() > 1 && GroupsSpanProcesses(GroupsOf(node).groups());
+}
+
+at::Tensor ExchangeInput(const Stacked& x) {
+  SPMD_CHECK(!x.summed, "internal error: a folded sum reached a collective across processes");
+  std::vector<int64_t> idx(x.map->row_of.begin(), x.map->row_of.end());
+  return SelectRows(x.rows, idx).contiguous();
+}
+
+std::vector<Stacked> RunWithExchanged(const ir::Node& node, const at::Tensor& all_rows,
+                                      const ProcessSpan& span) {
+  return RunOnGlobal(KernelOf(node), node,
+                     Stacked{all_rows, IdentityMap(span.global_devices())}, span);
+}
 
 void RegisterStackedKernels() {
   RegisterSpmdOpKernels<Kernel>({AllGather, AllReduce, ReduceScatter, AllToAll,

@@ -103,6 +103,21 @@ def init(timeout: Optional[float] = None) -> None:
     if _C._num_devices() != local or memory != settings["SPMD_DEVICE_MEMORY"]:
         runtime.configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
     _C._install_process_span(dist.distributed_c10d._get_default_group(), local)
+    _share_cores()
+
+
+def _share_cores() -> None:
+    """Processes of one machine share its cores: each gets its part for its intra-op threads
+    (torchrun's OMP_NUM_THREADS=1 default, less drastic) unless the user chose a count."""
+    import torch
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    try:
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    if local_processes > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_processes))
 
 
 def shutdown(barrier: bool = True) -> None:
