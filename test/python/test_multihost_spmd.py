@@ -295,3 +295,91 @@ def test_a_dying_process_stops_the_others_quickly(tmp_path):
     with pytest.raises((xmp.ProcessExitedException, xmp.ProcessRaisedException)):
         xmp.spawn_spmd(_dying_worker, args=(str(tmp_path),), nprocs=2)
     assert time.time() - started < 120
+
+
+# ---------------------------------------------------------------------------------------------
+# Two "hosts": two torchruns in two network namespaces joined by a veth pair.
+
+_HOST_SCRIPT = """
+import os, sys, torch
+sys.path.insert(0, {test_dir!r})
+import test_multihost_spmd as t
+import torch_spmd, torch_spmd.runtime as xr
+xr.use_spmd()   # torchrun started several processes: this one owns its slice of the devices
+results = {{k: t._train(k, torch_spmd.device(), True) for k in ("megatron", "conv")}}
+if xr.process_index() == 0:
+    torch.save(results, sys.argv[1])
+"""
+
+
+def _netns(*args):
+    import subprocess
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Namespaces spmd_h0 (10.77.0.1) and spmd_h1 (10.77.0.2) with a veth link; None (skip)
+    where network namespaces cannot be made (not root, no iproute2)."""
+    from torch_spmd.distributed._process_world import tcpstore_has_libuv
+    if not tcpstore_has_libuv():
+        pytest.skip("torchrun cannot start on a torch built without libuv (pytorch#148283)")
+    names = [f"spmd_h{i}_{os.getpid()}" for i in range(2)]
+    made = []
+    try:
+        for n in names:
+            r = _netns("netns", "add", n)
+            if r.returncode:
+                pytest.skip(f"cannot create network namespaces here: {r.stderr.strip()}")
+            made.append(n)
+        links = [f"vs{os.getpid() % 100000}a", f"vs{os.getpid() % 100000}b"]
+        steps = [["link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+        for i, (n, link) in enumerate(zip(names, links)):
+            steps += [["link", "set", link, "netns", n],
+                      ["-n", n, "addr", "add", f"10.77.0.{i + 1}/24", "dev", link],
+                      ["-n", n, "link", "set", link, "up"],
+                      ["-n", n, "link", "set", "lo", "up"]]
+        for s in steps:
+            r = _netns(*s)
+            assert r.returncode == 0, (s, r.stderr)
+        yield list(zip(names, links, ("10.77.0.1", "10.77.0.2")))
+    finally:
+        for n in made:
+            _netns("netns", "del", n)
+
+
+def test_two_hosts_in_network_namespaces_train_as_one_process(tmp_path, two_hosts, layouts):
+    import subprocess
+    import sys
+    script = tmp_path / "host_train.py"
+    script.write_text(_HOST_SCRIPT.format(test_dir=os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "results.pt"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = []
+    for node, (ns, link, _) in enumerate(two_hosts):
+        # Each host: 2 processes x 2 devices; 8 devices in all. Gloo talks over the veth.
+        env = dict(os.environ, SPMD_NUM_DEVICES="8", GLOO_SOCKET_IFNAME=link,
+                   SPMD_DIST_TIMEOUT="60", PYTHONPATH=repo)
+        env.pop("XLA_USE_SPMD", None)
+        log = open(tmp_path / f"host{node}.log", "w")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run",
+             "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=2",
+             f"--master-addr={two_hosts[0][2]}", "--master-port=29531", str(script), str(out)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    logs = "".join((tmp_path / f"host{i}.log").read_text() for i in range(2))
+    assert codes == [0, 0], logs
+    got = torch.load(out)
+    for kind in ("megatron", "conv"):
+        losses, params = got[kind]
+        one_losses, one_params = layouts[(1, 8)][kind]
+        np.testing.assert_allclose(losses, one_losses, rtol=1e-6, atol=0)
+        for p, q in zip(params, one_params):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
