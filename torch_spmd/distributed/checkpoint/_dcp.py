@@ -145,6 +145,8 @@ def save_dcp(state_dict: Any, path: str, *, thread_count: int = 1) -> None:
     ``load_dcp`` / ``SPMDLoadPlanner`` into spmd tensors under any mesh and partition spec.
     Errors are the planner's own (ValueError/RuntimeError), not DCP's CheckpointException.
     """
+    if _process_count() > 1:
+        return _save_dcp_across_processes(state_dict, path, thread_count)
     parent = _split(path)[0]
     os.makedirs(parent, exist_ok=True)
     recover(path)
@@ -160,6 +162,56 @@ def save_dcp(state_dict: Any, path: str, *, thread_count: int = 1) -> None:
         raise
     for stale in _siblings(path, _NEW_TAG):  # what killed saves left behind
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _process_count() -> int:
+    """Processes of the multi-process SPMD world (1 outside one)."""
+    from ... import _C
+    span = _C._process_span()
+    return 1 if span is None else span[1]
+
+
+def _save_dcp_across_processes(state_dict: Any, path: str, thread_count: int) -> None:
+    """save_dcp in multi-process SPMD (docs/multihost_spmd.md): every process writes the tiles
+    it saves (SPMDSavePlanner: each tile once, by the process of its first device; untiled
+    values by process 0) into one fresh directory that process 0 names, DCP's coordinator
+    (process 0) writes ``.metadata`` last, and process 0 moves the directory into place once
+    every process is done. The processes share the file system that holds ``path``."""
+    import torch.distributed as dist
+    first = dist.get_rank() == 0
+    decided = [None]
+    if first:
+        try:
+            os.makedirs(_split(path)[0], exist_ok=True)
+            recover(path)
+            _check_replaceable(path)
+            decided[0] = ("ok", _new_sibling(path, _NEW_TAG))
+        except Exception as e:  # every process raises it, not only the first
+            decided[0] = ("error", f"{type(e).__name__}: {e}")
+    dist.broadcast_object_list(decided, src=0)
+    status, value = decided[0]
+    if status != "ok":
+        raise RuntimeError(f"save_dcp({path!r}) across processes: process 0 failed: {value}")
+    new = value
+    try:
+        writer = dist_cp.FileSystemWriter(new, sync_files=True, thread_count=thread_count)
+        try:
+            dist_cp.save(state_dict, storage_writer=writer, planner=SPMDSavePlanner())
+        except CheckpointException as e:
+            original = _unwrap_failure(e)
+            if original is e:
+                raise
+            raise original from None
+        dist.barrier()  # every process's files are written
+        if first:
+            replace_dir(new, path)
+            for stale in _siblings(path, _NEW_TAG):
+                shutil.rmtree(stale, ignore_errors=True)
+        dist.barrier()  # the checkpoint is in place before anyone goes on
+    except BaseException:
+        if first:
+            shutil.rmtree(new, ignore_errors=True)
+        raise
 
 
 def _check_intact(path: str) -> None:

@@ -38,6 +38,16 @@ def is_tiled(sharding: str) -> bool:
     return any(t > 1 for t in tensor_dims)
 
 
+def local_devices() -> range:
+    """The global ids of this process's devices: all of them, or in multi-process SPMD its
+    slice (docs/multihost_spmd.md)."""
+    span = _C._process_span()
+    if span is None:
+        return range(_C._num_devices())
+    index, _count, local = span
+    return range(index * local, (index + 1) * local)
+
+
 def device_shards(sharding: str, shape: Sequence[int]) -> List[DeviceShard]:
     """Every device's shard of a tensor of ``shape`` sharded as ``sharding`` (a tiled XLA
     sharding string), in device-id order.
@@ -114,11 +124,14 @@ def full_box(shape: Sequence[int]) -> Box:
 def assemble_shards(fqn: str, sharding: str, shape: Sequence[int],
                     pieces: Sequence[Tuple[Box, torch.Tensor]],
                     dtype: torch.dtype) -> List[torch.Tensor]:
-    """One padded host shard per device (device-id order) of a tensor laid out as ``sharding``,
-    assembled from ``pieces``; replicas of a tile share one assembled tensor."""
+    """One padded host shard per device of this process (device-id order) of a tensor laid
+    out as ``sharding``, assembled from ``pieces``; replicas of a tile share one tensor."""
     cache: Dict[Box, torch.Tensor] = {}
     shards = []
+    mine = local_devices()
     for s in device_shards(sharding, shape):
+        if s.device not in mine:
+            continue
         if s.box not in cache:
             cache[s.box] = assemble(fqn, s.box, s.padded_shape, pieces, dtype)
         shards.append(cache[s.box])

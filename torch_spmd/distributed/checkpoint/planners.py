@@ -87,13 +87,25 @@ def _sharding(t: torch.Tensor) -> str:
 
 
 def _tile_boxes(sharding: str, shape: Sequence[int]) -> List[Box]:
-    """The distinct non-empty tiles of a tensor laid out as ``sharding`` (tiled), in the
-    order of the first device holding each."""
+    """The distinct non-empty tiles of a tensor laid out as ``sharding`` (tiled) that this
+    process saves, in the order of the first device holding each: a tile is saved by the
+    process of the first device holding it (all of them with one process)."""
     boxes: List[Box] = []
+    seen = set()
+    mine = _layout.local_devices()
     for s in _layout.device_shards(sharding, shape):
-        if s.box not in boxes and _volume(s.box[1]) > 0:
-            boxes.append(s.box)
+        if s.box not in seen and _volume(s.box[1]) > 0:
+            seen.add(s.box)
+            if s.device in mine:
+                boxes.append(s.box)
     return boxes
+
+
+def _saves_whole_values() -> bool:
+    """Whether this process saves the values every process holds alike (untiled tensors,
+    objects): the first process of a multi-process SPMD world, or the only one."""
+    span = _C._process_span()
+    return span is None or span[0] == 0
 
 
 def _sync_device_tensors(values) -> None:
@@ -272,10 +284,14 @@ class SPMDSavePlanner(_SplitByTiling, SavePlanner):
             sharding = _sharding(value)
             if _layout.is_tiled(sharding):
                 boxes, kind = _tile_boxes(sharding, value.shape), WriteItemType.SHARD
-            else:
+            elif _saves_whole_values():
                 boxes, kind = [_layout.full_box(value.shape)], WriteItemType.TENSOR
-        else:
+            else:
+                return []
+        elif _saves_whole_values():
             return [WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO)]
+        else:
+            return []
         self._pending[fqn] = len(boxes)
         return [WriteItem(index=MetadataIndex(fqn, torch.Size(box[0]), i), type=kind,
                           tensor_data=TensorWriteData(chunk=_chunk(box), properties=props,
@@ -346,8 +362,11 @@ class _Target:
             shards = _layout.device_shards(sharding, tensor.shape)
             self.boxes: List[Box] = []
             self.buffers: List[torch.Tensor] = []
-            self.device_tile: List[int] = []  # device id order -> index into boxes
+            self.device_tile: List[int] = []  # this process's devices -> index into boxes
+            mine = _layout.local_devices()
             for s in shards:
+                if s.device not in mine:
+                    continue
                 if s.box not in self.boxes:
                     self.boxes.append(s.box)
                     self.buffers.append(torch.zeros(s.padded_shape, dtype=tensor.dtype))
