@@ -44,9 +44,9 @@ def use_spmd(auto: Optional[bool] = False, hardware: Union[str, dict] = "tpu-v4"
     os.environ[_XLA_USE_SPMD] = "1"
     # A process a launcher started as one of several (torchrun, spawn_spmd) owns its slice of
     # the global devices, as a host of a multi-host pod does.
-    from .distributed import _spmd_processes
-    if _spmd_processes.launched_with_several_processes() and world_state.current() is None:
-        _spmd_processes.init()
+    from . import _process_span
+    if _process_span.launched_with_several_processes() and world_state.current() is None:
+        _process_span.init()
 
 
 def is_spmd() -> bool:

@@ -180,7 +180,19 @@ def _api_worker(index, out_dir):
     xs.wrap_if_sharded(s).load_local_shards_(
         [type(sh)(torch.full_like(sh.data, float(xr.process_index() + 1)), sh.indices,
                   sh.shard_device, sh.replica_id) for sh in shards])
+    # Each process loads only its part of the batch (PyTorch/XLA's minibatch=True).
+    mine = torch.arange(12, dtype=torch.float32).reshape(4, 3) + 100 * xr.process_index()
+    flat = xs.Mesh(np.arange(n), (n,), ("data",))
+    batch = xm.send_cpu_data_to_device(
+        mine, torch_spmd.device(), xs.ShardingSpec(flat, ("data", None), minibatch=True))[0]
+    try:  # the batch over 'model' would put other processes' rows on this one's devices
+        xm.send_cpu_data_to_device(
+            mine, torch_spmd.device(), xs.ShardingSpec(mesh, ("model", None), minibatch=True))
+        bad = ""
+    except ValueError as e:
+        bad = str(e)
     info = {
+        "batch": batch.cpu(), "bad": bad,
         "process": (xr.process_index(), xr.process_count()),
         "counts": (n, xr.addressable_runtime_device_count(), xr.addressable_device_count()),
         "attrs": [a["process"] for a in xr.global_runtime_device_attributes()],
@@ -204,6 +216,9 @@ def test_api_local_shards_and_cross_process_bytes(tmp_path):
     t = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     for p, info in enumerate(infos):
         assert info["process"] == (p, 2)
+        want_batch = torch.cat([torch.arange(12.).reshape(4, 3) + 100 * q for q in range(2)])
+        assert torch.equal(info["batch"], want_batch)
+        assert "outside this process's part" in info["bad"], info["bad"]
         assert info["counts"] == (8, 4, 1)
         assert info["attrs"] == [0, 0, 0, 0, 1, 1, 1, 1]
         # Process p holds devices 4p..4p+3: mesh row p, i.e. rows 4p..4p+3 of t, in 2-col tiles.
@@ -460,3 +475,90 @@ def test_dcp_saved_by_2_processes_loads_into_4_processes_and_the_cpu(tmp_path):
     for k, v in want.items():
         if isinstance(v, torch.Tensor):
             assert torch.equal(plain[k], v), k
+
+
+# ---------------------------------------------------------------------------------------------
+# A pod bigger than one process holds: each process's devices under the memory cap.
+
+# 3.5 MiB per device: the model below (4 [1024, 512] float32 weights, 8 MiB, with gradients,
+# SGD momentum and each layer's gathered weight in the step) peaks at 4.75 MiB per device
+# sharded over 8 devices and 2.38 MiB over 16.
+_CAP = "3584KiB"
+
+
+def _cap_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(512, 1024, bias=False) if i % 2 == 0
+                                 else torch.nn.Linear(1024, 512, bias=False) for i in range(4)])
+
+
+def _fsdp_train(steps=2):
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.runtime as xr
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n,), ("fsdp",))
+    model = _cap_model()
+    # Uploaded shard by shard: a whole weight never sits on one device.
+    spec = xs.ShardingSpec(mesh, ("fsdp", None))
+    for layer in model:
+        layer.weight = torch.nn.Parameter(
+            xm.send_cpu_data_to_device(layer.weight.detach(), torch_spmd.device(), spec)[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x = torch.randn(n, 512, generator=torch.Generator().manual_seed(step)).to(
+            torch_spmd.device())
+        xs.mark_sharding(x, mesh, ("fsdp", None))
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        xm.mark_step()
+        losses.append(loss.item())
+    peaks = [xm.get_memory_info(f"spmd:{d}")["peak_bytes_used"]
+             for d in range(xr.addressable_runtime_device_count())]
+    return losses, peaks
+
+
+def _cap_worker(index, out_dir):
+    import torch_spmd.runtime as xr
+    xr.use_spmd()
+    losses, peaks = _fsdp_train()
+    torch.save({"losses": losses, "peaks": peaks},
+               os.path.join(out_dir, f"cap{xr.process_index()}.pt"))
+
+
+def test_a_pod_too_big_for_one_process_trains_across_two(tmp_path):
+    import subprocess
+    import sys
+    # One process of 8 devices: the sharded model does not fit a device.
+    code = ("import sys; sys.path.insert(0, %r); import test_multihost_spmd as t; "
+            "import torch_spmd.runtime as xr; xr.use_spmd(); t._fsdp_train()"
+            % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, SPMD_NUM_DEVICES="8", SPMD_DEVICE_MEMORY=_CAP)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "out of memory" in out.stderr.lower(), out.stderr[-2000:]
+    # Two processes of 8 devices each (16 in all): every device stays under the cap.
+    os.environ.update(SPMD_NUM_DEVICES="16", SPMD_DEVICE_MEMORY=_CAP)
+    try:
+        xmp.spawn_spmd(_cap_worker, args=(str(tmp_path),), nprocs=2)
+    finally:
+        os.environ.pop("SPMD_NUM_DEVICES", None)
+        os.environ.pop("SPMD_DEVICE_MEMORY", None)
+    results = [torch.load(tmp_path / f"cap{p}.pt") for p in range(2)]
+    assert results[0]["losses"] == results[1]["losses"]
+    for r in results:
+        assert len(r["peaks"]) == 8 and 0 < max(r["peaks"]) <= 3584 * 1024, r["peaks"]
+    # The same training on the CPU.
+    model = _cap_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for step, got in enumerate(results[0]["losses"]):
+        x = torch.randn(16, 512, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        np.testing.assert_allclose(got, loss.item(), rtol=1e-5)

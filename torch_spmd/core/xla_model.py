@@ -173,8 +173,16 @@ def _send_to_device(datas, input_sharding):
                         "When minibatch is configured, the per-host batch size must be divisible "
                         + "by local runtime device count. Per host input data shape " +
                         f"= {t.size()}, local_runtime_device_count = {count}")
-        return [spec._upload(t) if spec is not None else _upload_replicated(t)
+        return [spec._upload(_whole_batch(t, spec)) if spec is not None else _upload_replicated(t)
                 for t, spec in zip(tensors, specs)]
+
+    def _whole_batch(t, spec):
+        # Several processes (multi-process SPMD), each loading its part of the batch.
+        if not spec.minibatch or runtime.process_count() == 1 or t.dim() == 0 or \
+                _C._process_span() is None:
+            return t
+        from .. import _process_span
+        return _process_span.global_batch_from_local(t, spec.xla_spec(t))
 
     return map_tensors(datas, select, convert)
 

@@ -9,7 +9,7 @@ multi-process world with ``init_multiprocess()``, PyTorch/XLA's
 from typing import Optional
 
 from . import _process_world
-from . import _spmd_processes
+from .. import _process_span
 
 
 def init_multiprocess(timeout: Optional[float] = None) -> None:
@@ -46,12 +46,12 @@ def init_spmd_processes(timeout: Optional[float] = None) -> None:
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or torch.distributed's gloo default group.
     ``xr.use_spmd()`` calls it when a launcher started several processes.
     See docs/multihost_spmd.md."""
-    _spmd_processes.init(timeout)
+    _process_span.init(timeout)
 
 
 def shutdown_spmd_processes(barrier: bool = True) -> None:
     """Leaves the multi-process SPMD world (after a barrier) and destroys the default group."""
-    _spmd_processes.shutdown(barrier)
+    _process_span.shutdown(barrier)
 
 
 __all__ = ["init_multiprocess", "shutdown_multiprocess", "is_multiprocess",

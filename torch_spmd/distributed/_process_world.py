@@ -8,7 +8,6 @@ Python, where torch.distributed keeps its bookkeeping) and hands their C++ objec
 ``torch_spmd._C``, which runs the collectives without the GIL.
 """
 import datetime
-import functools
 import os
 
 import torch.distributed as dist
@@ -17,34 +16,9 @@ from .. import _C
 from .. import _world as world_state
 from .. import runtime
 
-# Seconds a collective or a rendezvous waits for the other processes before it fails (gloo's
-# timeout). A dead peer usually fails faster: its sockets close.
-TIMEOUT_ENV = "SPMD_DIST_TIMEOUT"
-# What a launcher (torchrun, xmp.spawn) tells each process about its world.
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_DEFAULT_TIMEOUT = 1800
-
-
-@functools.lru_cache(maxsize=None)
-def tcpstore_has_libuv() -> bool:
-    """Whether this torch's TCPStore has its libuv backend, the default that ``env://`` asks
-    for. Debian's torch is built without it, and there the default fails ("use_libuv was
-    requested but PyTorch was build without libuv support"). Probed once with a store on an
-    ephemeral loopback port."""
-    try:
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                              use_libuv=True)
-    except RuntimeError as e:
-        if "libuv" in str(e):
-            return False
-        raise
-    del store
-    return True
-
-
-def env_init_method() -> str:
-    """``env://``, with TCPStore's classic backend where the torch lacks libuv."""
-    return "env://" if tcpstore_has_libuv() else "env://?use_libuv=0"
+# The launcher's environment and torch.distributed's rendezvous (shared with multi-process SPMD).
+from .._dist_env import (LAUNCHER_ENV, TIMEOUT_ENV, env_init_method,  # noqa: F401
+                         tcpstore_has_libuv, timeout_seconds)
 
 
 class _World:
@@ -56,10 +30,6 @@ class _World:
         self.owns_group = owns_group  # we initialized torch.distributed, so we tear it down
         self.subgroups = {}           # sorted ranks -> ProcessGroup (NON_GROUP_MEMBER if not ours)
         self.rendezvous_count = {}    # (tag, replicas) -> times entered
-
-
-def timeout_seconds() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, _DEFAULT_TIMEOUT))
 
 
 def _env_int(name, default=None):

@@ -28,7 +28,7 @@ import traceback
 import torch.distributed as dist
 
 from . import _process_world
-from . import _spmd_processes
+from .. import _process_span
 
 # Seconds between asking the surviving processes to stop (SIGTERM) and killing them.
 _TERMINATE_GRACE = 5.0
@@ -102,7 +102,7 @@ def _replica_envs(nprocs, spmd=False):
             "LOCAL_WORLD_SIZE": str(local_launchers * nprocs),
         })
         if spmd:
-            # The global device count, split over the processes (_spmd_processes).
+            # The global device count, split over the processes (torch_spmd._process_span).
             envs[-1]["SPMD_NUM_DEVICES"] = os.environ.get("SPMD_NUM_DEVICES", "8")
             envs[-1][_SPMD_WORLD_ENV] = "1"
         else:
@@ -116,9 +116,9 @@ def _replica_main(index, fn, args, env, error_queue):
     os.environ.update(env)
     try:
         if env.get(_SPMD_WORLD_ENV):
-            _spmd_processes.init()
+            _process_span.init()
             fn(int(env["RANK"]), *args)
-            _spmd_processes.shutdown(barrier=True)
+            _process_span.shutdown(barrier=True)
         else:
             _process_world.init_from_env()
             fn(int(env["RANK"]), *args)

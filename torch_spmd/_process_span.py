@@ -16,9 +16,9 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from .. import _C
-from .. import runtime
-from . import _process_world
+from . import _C
+from . import _dist_env
+from . import _world as world_state
 
 _DEFAULT_DEVICES = 8
 _DEFAULT_MEMORY = "16GiB"
@@ -64,20 +64,20 @@ def init(timeout: Optional[float] = None) -> None:
     every process, naming each process's values. Call it before creating spmd tensors."""
     if is_active():
         return
-    if _process_world.is_multiprocess():
+    if world_state.current() is not None:
         raise RuntimeError("this process is a replica of a multi-process (xmp.spawn) world, "
                            "one device per process; multi-process SPMD needs its own world")
     if timeout is None:
-        timeout = _process_world.timeout_seconds()
+        timeout = _dist_env.timeout_seconds()
     if not dist.is_initialized():
-        missing = [v for v in _process_world.LAUNCHER_ENV if not os.environ.get(v)]
+        missing = [v for v in _dist_env.LAUNCHER_ENV if not os.environ.get(v)]
         if missing:
             raise RuntimeError(
                 f"multi-process SPMD: the environment variables {', '.join(missing)} are not "
                 "set: start the script with a launcher such as torchrun (or set RANK, "
                 "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or call dist.init_process_group first")
         dist.init_process_group(
-            "gloo", init_method=_process_world.env_init_method(),
+            "gloo", init_method=_dist_env.env_init_method(),
             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
             timeout=datetime.timedelta(seconds=timeout))
     elif "gloo" not in str(dist.get_backend()):
@@ -101,7 +101,8 @@ def init(timeout: Optional[float] = None) -> None:
     local = devices // count
     memory = _C._memory_info(0)["bytes_limit"]
     if _C._num_devices() != local or memory != settings["SPMD_DEVICE_MEMORY"]:
-        runtime.configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
+        _C._clear_compile_cache()  # as xr.configure_devices does (runtime is above this)
+        _C._configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
     _C._install_process_span(dist.distributed_c10d._get_default_group(), local)
     _share_cores()
 
@@ -132,3 +133,39 @@ def shutdown(barrier: bool = True) -> None:
         _C._clear_process_span()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def global_batch_from_local(local, sharding: str):
+    """The global batch of which ``local`` is this process's part (dim 0; PyTorch/XLA's
+    ``minibatch=True``: each host loads its own slice), as a host tensor to lay out as
+    ``sharding`` (XLA text). Only this process's rows are filled: the caller uploads it, and
+    each process keeps its own devices' shards, which must lie in its part (ValueError
+    otherwise: dim 0 must be split over the devices in process order, e.g. over every device or
+    over the axes that span processes)."""
+    import math
+
+    import numpy as np
+    import torch
+    index, count, local_devices = _C._process_span()
+    rows = local.shape[0]
+    shape = (rows * count,) + tuple(local.shape[1:])
+    spec = _C._parse_sharding_spec(sharding)
+    dims, devices = list(spec["dims"]), list(spec["devices"])
+    tile = math.ceil(shape[0] / dims[0])
+    mine = range(index * local_devices, (index + 1) * local_devices)
+    for position, device in enumerate(devices):
+        if device not in mine:
+            continue
+        start = min(int(np.unravel_index(position, dims)[0]) * tile, shape[0])
+        end = min(start + tile, shape[0])
+        if end > start and not (index * rows <= start and end <= (index + 1) * rows):
+            raise ValueError(
+                f"minibatch input: process {index}'s device {device} holds rows "
+                f"[{start}, {end}) of the global batch of {shape[0]}, outside this process's "
+                f"part [{index * rows}, {(index + 1) * rows}): shard the batch dim over the "
+                "devices in process order (over every device, or over the axes that span "
+                "processes), or load the whole batch on every process (minibatch=False)")
+    whole = torch.zeros(shape, dtype=local.dtype)
+    whole[index * rows:(index + 1) * rows] = local
+    return whole
+
