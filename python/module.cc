@@ -108,6 +108,9 @@ void BindGraph(py::module_& m) {
         d["axes"] = c.axes;
         d["group_size"] = c.group_size;
         d["bytes"] = c.bytes;
+        // Multi-process SPMD: whether its groups put devices of several processes together
+        // (it then runs over the process group, runtime/process_span.h).
+        d["crosses_processes"] = runtime::GroupsSpanProcesses({c.first_group});
         d["scope"] = c.scope;
         d["position"] = c.position;
         d["input_position"] = c.input_position;

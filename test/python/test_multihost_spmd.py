@@ -172,7 +172,11 @@ def _api_worker(index, out_dir):
     xm.mark_step()
     met.clear_all()
     v = (t * 3).sum(0)
+    w = (t * 4).sum(1)  # a reduction over 'model', within each process
     xm.mark_step()
+    from torch_spmd import _C
+    crossing = [(c["kind"], tuple(c["axes"]), c["crosses_processes"])
+                for c in _C._last_step_stats()["collectives"]]
     shards = xs.wrap_if_sharded(t).local_shards
     # A tensor alike on every process but loaded shard by shard (devices' own values).
     s = torch.zeros(8, 8).to(torch_spmd.device())
@@ -192,7 +196,7 @@ def _api_worker(index, out_dir):
     except ValueError as e:
         bad = str(e)
     info = {
-        "batch": batch.cpu(), "bad": bad,
+        "batch": batch.cpu(), "bad": bad, "crossing": crossing, "w": w.cpu(),
         "process": (xr.process_index(), xr.process_count()),
         "counts": (n, xr.addressable_runtime_device_count(), xr.addressable_device_count()),
         "attrs": [a["process"] for a in xr.global_runtime_device_attributes()],
@@ -235,6 +239,10 @@ def test_api_local_shards_and_cross_process_bytes(tmp_path):
         # The step's all-reduce over 'data' crossed processes: it exchanged this process's four
         # [1, 2] partial sums (float32) with the other process, then .cpu() gathered v's shards.
         assert info["all_reduces"] >= 1
+        # The reports say which collectives crossed: over 'data' yes, over 'model' no.
+        assert ("all-reduce", ("data",), True) in info["crossing"], info["crossing"]
+        assert ("all-reduce", ("model",), False) in info["crossing"], info["crossing"]
+        torch.testing.assert_close(info["w"], (t * 4).sum(1))
         count, total, samples = info["cross_bytes"]
         assert count >= 1 and total > 0
 

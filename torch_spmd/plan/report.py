@@ -136,7 +136,8 @@ class PlanReport:
                 lines.append(f"    {c['kind']:<18} {','.join(c['axes']):<16} {c['group_size']:>5} "
                              f"{_fmt_bytes(c['bytes']):>14} {c['count']:>6} "
                              f"{_fmt_seconds(c['seconds']):>12} "
-                             f"{_fmt_seconds(c['exposed_seconds']):>12}  {c['algorithm']}")
+                             f"{_fmt_seconds(c['exposed_seconds']):>12}  {c['algorithm']}"
+                             + ("  [across processes]" if c.get("crosses_processes") else ""))
         if self.time_by_module:
             lines.append("  time by module (its ops + the communication the step waits for):")
             lines.append(f"    {'module':<40} {'step share':>12} {'compute':>12} "
@@ -250,6 +251,7 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
                                         group_size=c["group_size"], bytes=c["bytes"], count=0,
                                         seconds=0.0, exposed_seconds=0.0,
                                         crosses_hosts=t["crosses_hosts"],
+                                        crosses_processes=c["crosses_processes"],
                                         algorithm=t["algorithm"]))
         g["count"] += 1
         g["seconds"] += t["seconds"]
