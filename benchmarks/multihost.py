@@ -56,9 +56,13 @@ def train(index, out_path):
         losses.append(value)
         data = met.metric_data("CrossProcessBytes")
         sent.append(data[1] if data else 0.0)
+    import torch_spmd.core.xla_model as xm
+    peak = max(xm.get_memory_info(f"spmd:{d}")["peak_bytes_used"]
+               for d in range(xr.addressable_runtime_device_count()))
     if xr.process_index() == 0:
         with open(out_path, "w") as f:
             json.dump({"step_ms": statistics.median(times[3:]) * 1e3, "losses": losses,
+                       "peak": peak,
                        "sent": statistics.median(sent[3:]), "grad_bytes": grad_bytes,
                        "processes": xr.process_count()}, f)
 
@@ -78,14 +82,14 @@ def report(results) -> str:
     ordered = results[1][1]  # 1 x 8 with fold off: the multi-process runs' reduction order
     lines = ["| processes x devices | step (ms, median) | vs 1 x 8 | bytes sent to other "
              "processes per step (process 0) | ring formula (1.75 G) | measured / formula "
-             "| losses vs 1 x 8 (fold off) |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| peak per device | losses vs 1 x 8 (fold off) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in results:
         ring = 1.75 * r["grad_bytes"] if r["processes"] > 1 else 0
         worst = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ordered["losses"]))
         lines.append(f"| {name} | {r['step_ms']:.1f} | {r['step_ms'] / base['step_ms']:.2f}x | "
                      f"{r['sent'] / 1024:.0f} KiB | {ring / 1024:.0f} KiB | "
-                     f"{(r['sent'] / ring) if ring else 0:.2f} | "
+                     f"{(r['sent'] / ring) if ring else 0:.2f} | {r['peak'] / 1024:.0f} KiB | "
                      f"{STEPS} steps, max rel. diff {worst:.1e} |")
     return "\n".join(lines)
 

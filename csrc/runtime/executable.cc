@@ -652,10 +652,37 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   // The devices' buffers come from blocks the previous steps freed (host_block_pool.h).
   PooledHostAllocations pooled;
-  // Collectives across processes waiting to exchange together (with the views of their
-  // results, which run after them): the slots they will fill (`awaited`) and read (`held`).
-  // They run before anything else reads the first, frees the second or writes into an input.
-  std::vector<size_t> deferred, deferred_views;
+  // Runs instruction `index` and frees what it read last.
+  auto run_one = [&](size_t index) {
+    const Instruction& ins = plan_.instructions[index];
+    profile.node_index.push_back(ins.node_index);
+    try {
+      // All devices at once: each gets the whole time.
+      const auto started = std::chrono::steady_clock::now();
+      if (ins.node->op()->internal) RunInternalOp(ins, slots);
+      else RunAtenOp(index, slots, scalars);
+      profile.seconds.emplace_back(
+          num_devices,
+          std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count());
+    } catch (c10::Error& e) {
+      // Name the op that failed (the type, e.g. IndexError, is kept).
+      e.add_context("while running " + ins.node->op()->qualified + " of the compiled program");
+      throw;
+    } catch (const OutOfMemoryError&) {
+      throw;  // already names the device, the bytes and the buffer
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, e.what(), " (while running ", ins.node->op()->qualified,
+                  " of the compiled program)");
+    }
+    FreeDeadSlots(ins, donated_slot, slots, &given_back);
+  };
+  // Multi-process SPMD: collectives across processes wait to exchange together (one call for
+  // many), and so do the instructions that read their results (run after them, in program
+  // order). `awaited`: the slots they will fill; `held`: the slots they read. They all run
+  // before an instruction frees a held slot or writes into an input (or reads an awaited slot
+  // and cannot wait, as it writes into an input), and at the end: a step exchanges once per
+  // level of dependent collectives (the gradients of a data-parallel step: once).
+  std::vector<size_t> deferred, deferred_readers;
   std::vector<bool> awaited(plan_.num_slots, false), held(plan_.num_slots, false);
   auto run_deferred = [&] {
     const auto started = std::chrono::steady_clock::now();
@@ -668,18 +695,9 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
       profile.seconds.emplace_back(num_devices, seconds / deferred.size());
       FreeDeadSlots(ins, donated_slot, slots, &given_back);
     }
-    for (size_t index : deferred_views) {
-      const Instruction& ins = plan_.instructions[index];
-      const auto view_started = std::chrono::steady_clock::now();
-      RunAtenOp(index, slots, scalars);
-      profile.node_index.push_back(ins.node_index);
-      profile.seconds.emplace_back(
-          num_devices,
-          std::chrono::duration<float>(std::chrono::steady_clock::now() - view_started).count());
-      FreeDeadSlots(ins, donated_slot, slots, &given_back);
-    }
+    for (size_t index : deferred_readers) run_one(index);
     deferred.clear();
-    deferred_views.clear();
+    deferred_readers.clear();
     std::fill(awaited.begin(), awaited.end(), false);
     std::fill(held.begin(), held.end(), false);
   };
@@ -689,11 +707,10 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
       if (!deferred.empty()) {
         const bool reads_awaited =
             std::any_of(ins.inputs.begin(), ins.inputs.end(), [&](int s) { return awaited[s]; });
-        if (reads_awaited && ins.alias != ViewKind::kNone && ins.inputs.size() == 1 &&
-            !WritesAnInput(ins)) {
-          // A view of a collective's result (a gradient's transpose): waits with it.
-          deferred_views.push_back(index);
+        if (reads_awaited && !WritesAnInput(ins) && !deferred_exchange_[index]) {
+          deferred_readers.push_back(index);
           for (int o : ins.outputs) awaited[o] = true;
+          for (int in : ins.inputs) held[in] = true;
           continue;
         }
         if (reads_awaited || WritesAnInput(ins) ||
@@ -707,26 +724,7 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
         held[ins.inputs[0]] = true;
         continue;
       }
-      profile.node_index.push_back(ins.node_index);
-      try {
-        // All devices at once: each gets the whole time.
-        const auto started = std::chrono::steady_clock::now();
-        if (ins.node->op()->internal) RunInternalOp(ins, slots);
-        else RunAtenOp(index, slots, scalars);
-        profile.seconds.emplace_back(
-            num_devices,
-            std::chrono::duration<float>(std::chrono::steady_clock::now() - started).count());
-      } catch (c10::Error& e) {
-        // Name the op that failed (the type, e.g. IndexError, is kept).
-        e.add_context("while running " + ins.node->op()->qualified + " of the compiled program");
-        throw;
-      } catch (const OutOfMemoryError&) {
-        throw;  // already names the device, the bytes and the buffer
-      } catch (const std::exception& e) {
-        TORCH_CHECK(false, e.what(), " (while running ", ins.node->op()->qualified,
-                    " of the compiled program)");
-      }
-      FreeDeadSlots(ins, donated_slot, slots, &given_back);
+      run_one(index);
     }
     run_deferred();
   } catch (...) {

@@ -136,8 +136,8 @@ class Executable {
   partition::Program program_;
   ExecutionPlan plan_;  // what to run, decided once (execution_plan.h)
   // Per instruction: a collective across processes, which waits to exchange together with the
-  // next ones until something reads its result (XLA's all-reduce combiner, at run time: one
-  // exchange of many gradients instead of one each). Set when a process span is installed.
+  // next ones (XLA's all-reduce combiner, at run time: one exchange of many gradients instead
+  // of one each; see Run). Set when a process span is installed.
   std::vector<bool> deferred_exchange_;
   std::shared_ptr<ProcessSpan> span_;
   // Per instruction: vmap could not run it (learned on a run; it then runs per row).

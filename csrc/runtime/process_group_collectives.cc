@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "core/error.h"
+#include "core/metrics.h"
 #include "runtime/error_message.h"
 #include "runtime/process_span.h"
 #include "runtime/tile_ops.h"
@@ -259,6 +260,7 @@ class ProcessGroupSpan final : public ProcessSpan {
       : ProcessSpan(world->getRank(), world->getSize(), local_devices), world_(std::move(world)) {}
 
   at::Tensor AllGather(const at::Tensor& local, const char* what) override {
+    ScopedTimer timer("CrossProcessTime");  // waiting included: what the step spends on it
     std::vector<at::Tensor> inputs{ReadWire(local)};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t p = 0; p < process_count(); ++p) outputs[0].push_back(at::empty_like(inputs[0]));
