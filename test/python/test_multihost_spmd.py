@@ -173,6 +173,12 @@ def _api_worker(index, out_dir):
     met.clear_all()
     v = (t * 3).sum(0)
     w = (t * 4).sum(1)  # a reduction over 'model', within each process
+    # A hybrid mesh with one slice per process: the DCN axis is the one across processes.
+    hybrid = xs.HybridMesh(ici_mesh_shape=(1, n // 2), dcn_mesh_shape=(2, 1),
+                           axis_names=("dcn", "ici"))
+    h = torch.arange(64, dtype=torch.float32).reshape(8, 8).to(torch_spmd.device())
+    xs.mark_sharding(h, hybrid, ("dcn", "ici"))
+    hd, hi = h.sum(0), h.sum(1)
     xm.mark_step()
     from torch_spmd import _C
     crossing = [(c["kind"], tuple(c["axes"]), c["crosses_processes"])
@@ -197,6 +203,7 @@ def _api_worker(index, out_dir):
         bad = str(e)
     info = {
         "batch": batch.cpu(), "bad": bad, "crossing": crossing, "w": w.cpu(),
+        "hd": hd.cpu(), "hi": hi.cpu(),
         "process": (xr.process_index(), xr.process_count()),
         "counts": (n, xr.addressable_runtime_device_count(), xr.addressable_device_count()),
         "attrs": [a["process"] for a in xr.global_runtime_device_attributes()],
@@ -243,6 +250,10 @@ def test_api_local_shards_and_cross_process_bytes(tmp_path):
         assert ("all-reduce", ("data",), True) in info["crossing"], info["crossing"]
         assert ("all-reduce", ("model",), False) in info["crossing"], info["crossing"]
         torch.testing.assert_close(info["w"], (t * 4).sum(1))
+        assert ("all-reduce", ("dcn",), True) in info["crossing"], info["crossing"]
+        assert ("all-reduce", ("ici",), False) in info["crossing"], info["crossing"]
+        torch.testing.assert_close(info["hd"], t.sum(0))
+        torch.testing.assert_close(info["hi"], t.sum(1))
         count, total, samples = info["cross_bytes"]
         assert count >= 1 and total > 0
 
