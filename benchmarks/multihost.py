@@ -2,7 +2,8 @@
 devices, one machine), side by side in one run.
 
 The benchmark GPT (bench_model.GPTConfig), data parallel over the 8 devices (mesh ('data',)),
-Adam. Per layout: the median wall time of steps 4..STEPS in process 0, the bytes process 0 sent
+Adam. Per layout: the median wall time of steps 4..STEPS in process 0 (the fastest of ROUNDS
+runs), the bytes process 0 sent
 to other processes per step (metric CrossProcessBytes), against what a ring all-reduce of the
 gradients would send across processes, and the losses against 1 x 8 (fold off: the same
 reduction order; see docs/multihost_spmd.md).
@@ -22,7 +23,10 @@ import sys
 import tempfile
 import time
 
-STEPS = 12
+STEPS = 30
+# Each layout runs this many times, interleaved with the others; the fastest run counts (the
+# least disturbed on a shared machine).
+ROUNDS = 2
 LAYOUTS = [(1, 8, {}), (1, 8, {"SPMD_FOLD": "0"}), (2, 4, {}), (4, 2, {})]
 
 
@@ -107,10 +111,14 @@ def main() -> None:
             import torch_spmd.distributed.xla_multiprocessing as xmp
             xmp.spawn_spmd(train, args=(out,), nprocs=processes)
         return
-    results = []
-    for processes, devices, env in LAYOUTS:
-        name = f"{processes} x {devices}" + (" (fold off)" if env else "")
-        results.append((name, run_layout(processes, devices, env)))
+    best = {}
+    for _ in range(ROUNDS):
+        for processes, devices, env in LAYOUTS:
+            name = f"{processes} x {devices}" + (" (fold off)" if env else "")
+            r = run_layout(processes, devices, env)
+            if name not in best or r["step_ms"] < best[name]["step_ms"]:
+                best[name] = r
+    results = list(best.items())
     table = report(results)
     print(table)
     if args.write:
@@ -121,7 +129,7 @@ def main() -> None:
             "`benchmarks/multihost.py`: the benchmark GPT (bench_model.GPTConfig), data parallel "
             "over 8 emulated devices, Adam, on one machine as 1 process x 8 devices, 2 x 4 and "
             f"4 x 2 (torch {torch.__version__}, 2 cores shared by all processes), side by side in "
-            "one run. G: the gradients' bytes per device. Target (issue 25): 2 x 4 at most 1.5x "
+            f"one run: median step of steps 4-{STEPS}, the fastest of {ROUNDS} interleaved runs. G: the gradients' bytes per device. Target (issue 25): 2 x 4 at most 1.5x "
             "the step of 1 x 8.\n\n" + table)
         write_section(os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"),
                       "Multi-process SPMD (issue 25)", body)
