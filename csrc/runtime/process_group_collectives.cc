@@ -270,7 +270,28 @@ class ProcessGroupSpan final : public ProcessSpan {
     return at::cat(outputs[0], 0).to(local.scalar_type());
   }
 
+ protected:
+  void SendBytes(const at::Tensor& bytes, int64_t to, const char* what) override {
+    ScopedTimer timer("CrossProcessTime");
+    std::vector<at::Tensor> buffers{bytes};
+    Wait(world_->send(buffers, static_cast<int>(to), kChainTag), what);
+  }
+  void RecvBytes(at::Tensor& bytes, int64_t from, const char* what) override {
+    ScopedTimer timer("CrossProcessTime");
+    std::vector<at::Tensor> buffers{bytes};
+    Wait(world_->recv(buffers, static_cast<int>(from), kChainTag), what);
+  }
+  void BroadcastBytes(at::Tensor& bytes, int64_t root, const char* what) override {
+    ScopedTimer timer("CrossProcessTime");
+    std::vector<at::Tensor> buffers{bytes};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    Wait(world_->broadcast(buffers, options), what);
+  }
+
  private:
+  // The chained reductions' messages (span_kernels.h): one per hop, in order.
+  static constexpr int kChainTag = 0x5e4e;
   ProcessGroupCollectives::ProcessGroupPtr world_;
 };
 

@@ -33,23 +33,78 @@ void ProcessSpan::NoteSent(int64_t bytes) {
   Metrics::Get().Record("CrossProcessBytes", static_cast<double>(bytes));
 }
 
+namespace {
+
+// Several tensors' bytes in one uint8 tensor, and back (shapes and dtypes from `likes`).
+at::Tensor Pack(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> bytes;
+  for (const at::Tensor& t : tensors) bytes.push_back(t.contiguous().view({-1}).view(at::kByte));
+  return at::cat(bytes);
+}
+
+int64_t ByteSize(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+std::vector<at::Tensor> Unpack(const at::Tensor& bytes, const std::vector<at::Tensor>& likes) {
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const at::Tensor& like : likes) {
+    const int64_t length = ByteSize(like);
+    out.push_back(bytes.narrow(0, offset, length).clone().view(like.scalar_type())
+                      .reshape(like.sizes()));
+    offset += length;
+  }
+  return out;
+}
+
+at::Tensor EmptyBytesFor(const std::vector<at::Tensor>& likes) {
+  int64_t total = 0;
+  for (const at::Tensor& like : likes) total += ByteSize(like);
+  return at::empty({total}, at::kByte);
+}
+
+}  // namespace
+
 std::vector<at::Tensor> ProcessSpan::AllGatherMany(const std::vector<at::Tensor>& locals,
                                                    const char* what) {
   if (locals.size() == 1) return {AllGather(locals[0], what)};
-  std::vector<at::Tensor> bytes;
-  for (const at::Tensor& t : locals) bytes.push_back(t.contiguous().view({-1}).view(at::kByte));
-  at::Tensor all = AllGather(at::cat(bytes).unsqueeze(0), what);  // [P, total bytes]
+  at::Tensor all = AllGather(Pack(locals).unsqueeze(0), what);  // [P, total bytes]
   std::vector<at::Tensor> out;
   int64_t offset = 0;
-  for (size_t i = 0; i < locals.size(); ++i) {
-    const int64_t length = bytes[i].numel();
-    std::vector<int64_t> shape = locals[i].sizes().vec();
+  for (const at::Tensor& local : locals) {
+    const int64_t length = ByteSize(local);
+    std::vector<int64_t> shape = local.sizes().vec();
     shape[0] *= process_count_;
-    out.push_back(all.narrow(1, offset, length).contiguous().view(locals[i].scalar_type())
+    out.push_back(all.narrow(1, offset, length).contiguous().view(local.scalar_type())
                       .reshape(shape));
     offset += length;
   }
   return out;
+}
+
+void ProcessSpan::SendMany(const std::vector<at::Tensor>& tensors, int64_t to, const char* what) {
+  at::Tensor bytes = Pack(tensors);
+  SendBytes(bytes, to, what);
+  NoteSent(bytes.numel());
+}
+
+std::vector<at::Tensor> ProcessSpan::RecvMany(const std::vector<at::Tensor>& likes, int64_t from,
+                                              const char* what) {
+  at::Tensor bytes = EmptyBytesFor(likes);
+  RecvBytes(bytes, from, what);
+  return Unpack(bytes, likes);
+}
+
+std::vector<at::Tensor> ProcessSpan::BroadcastMany(const std::vector<at::Tensor>& tensors,
+                                                   int64_t root, const char* what) {
+  at::Tensor bytes = process_index_ == root ? Pack(tensors) : EmptyBytesFor(tensors);
+  BroadcastBytes(bytes, root, what);
+  if (process_index_ == root) {
+    NoteSent(bytes.numel() * (process_count_ - 1));
+    return tensors;
+  }
+  return Unpack(bytes, tensors);
 }
 
 std::shared_ptr<ProcessSpan> ProcessSpan::Current() {

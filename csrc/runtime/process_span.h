@@ -41,8 +41,24 @@ class ProcessSpan {
   // AllGather of several tensors (any dtypes and shapes, dim 0 concatenated) in one exchange:
   // their bytes travel packed together.
   std::vector<at::Tensor> AllGatherMany(const std::vector<at::Tensor>& locals, const char* what);
+  // Several tensors in one message to process `to` / from process `from` (shaped and typed as
+  // `likes`) / from process `root` to every other (`tensors`: the root's values, elsewhere
+  // tensors shaped as them).
+  void SendMany(const std::vector<at::Tensor>& tensors, int64_t to, const char* what);
+  std::vector<at::Tensor> RecvMany(const std::vector<at::Tensor>& likes, int64_t from,
+                                   const char* what);
+  std::vector<at::Tensor> BroadcastMany(const std::vector<at::Tensor>& tensors, int64_t root,
+                                        const char* what);
   // Bytes this process sent to other processes (a metric: CrossProcessBytes).
   static void NoteSent(int64_t bytes);
+
+ protected:
+  // The byte transfers the packed forms run on (`bytes`: a contiguous uint8 tensor).
+  virtual void SendBytes(const at::Tensor& bytes, int64_t to, const char* what) = 0;
+  virtual void RecvBytes(at::Tensor& bytes, int64_t from, const char* what) = 0;
+  virtual void BroadcastBytes(at::Tensor& bytes, int64_t root, const char* what) = 0;
+
+ public:
 
   // The installed span (null: one process owns every device).
   static std::shared_ptr<ProcessSpan> Current();

@@ -23,7 +23,6 @@
 #include "ir/internal_ops.h"
 #include "runtime/collectives.h"
 #include "runtime/internal_kernels.h"
-#include "runtime/process_span.h"
 #include "runtime/span_kernels.h"
 #include "runtime/stacked.h"
 #include "runtime/tile_ops.h"
@@ -274,46 +273,7 @@ std::vector<Stacked> HaloExchange(const Call& c) {
 
 using Kernel = std::vector<Stacked> (*)(const Call&);
 
-// Multi-process SPMD (process_span.h): the kernels above see every global device. A value
-// held here has rows for this process's devices only; these give it rows for all of them.
-
-// Other processes' devices read this process's first device's row: no data moves, and
-// a group lying in another process computes something this process then drops (when the
-// value is alike there, nothing extra: keys repeat).
-Stacked WithForeignDevicesAsLocal(const Stacked& x, const ProcessSpan& span) {
-  auto map = std::make_shared<RowMap>();
-  const int64_t first = span.first_device(), local = span.local_devices();
-  map->rows = x.map->rows;
-  map->row_of.resize(span.global_devices());
-  for (int64_t g = 0; g < span.global_devices(); ++g) {
-    const bool mine = g >= first && g < first + local;
-    map->row_of[g] = x.map->row_of[mine ? g - first : 0];
-  }
-  return Stacked{x.rows, std::move(map), x.single, x.summed};
-}
-
-// This process's devices' rows of a value computed for every global device.
-Stacked LocalRows(const Stacked& s, const ProcessSpan& span) {
-  if (!s.defined()) return s;
-  const int64_t first = span.first_device(), local = span.local_devices();
-  std::vector<int64_t> keys(local);
-  for (int64_t l = 0; l < local; ++l) keys[l] = s.map->row_of[first + l];
-  std::vector<int64_t> first_device;
-  RowMapPtr map = MapOfKeys(keys, 1, &first_device);
-  std::vector<int64_t> source(map->rows);
-  for (int64_t r = 0; r < map->rows; ++r) source[r] = keys[first_device[r]];
-  at::Tensor rows = SelectRows(s.rows, source);
-  at::Tensor single = map->rows == 1 ? rows.select(0, 0) : at::Tensor();
-  return Stacked{rows, std::move(map), single, s.summed};
-}
-
-MeshGroups GroupsOf(const ir::Node& node) {
-  SPMD_CHECK(!node.shardings().empty() && node.shardings()[0].valid(), node.op()->qualified,
-             " has no output sharding to take its mesh from");
-  return MeshGroups(node.shardings()[0].mesh(), ir::SpmdAttrs::Read(*node.op(), node.args()).axes);
-}
-
-// The kernel of each spmd op (for RunWithExchanged, which the executor calls directly).
+// The kernel of each spmd op, by op (RunMeshKernel).
 std::unordered_map<const ir::OpInfo*, Kernel>& KernelsByOp() {
   static auto* kernels = new std::unordered_map<const ir::OpInfo*, Kernel>();
   return *kernels;
@@ -323,60 +283,33 @@ std::mutex& KernelsMutex() {
   return *mu;
 }
 
-Kernel KernelOf(const ir::Node& node) {
-  std::lock_guard<std::mutex> lock(KernelsMutex());
-  auto it = KernelsByOp().find(node.op());
-  SPMD_CHECK(it != KernelsByOp().end(), "internal error: no stacked kernel for ",
-             node.op()->qualified);
-  return it->second;
-}
-
-std::vector<Stacked> RunOnGlobal(Kernel kernel, const ir::Node& node, const Stacked& global,
-                                 const ProcessSpan& span) {
-  std::vector<Stacked> out = kernel(Prepare(node, {&global}));
-  for (Stacked& s : out) s = LocalRows(s, span);
-  return out;
-}
-
-std::vector<Stacked> RunAcrossProcesses(Kernel kernel, const ir::Node& node,
-                                        const std::vector<const Stacked*>& inputs,
-                                        ProcessSpan& span) {
-  SPMD_CHECK(inputs.size() == 1, node.op()->qualified, " takes one tensor, got ", inputs.size());
-  if (!ExchangesAcrossProcesses(node, span))
-    return RunOnGlobal(kernel, node, WithForeignDevicesAsLocal(*inputs[0], span), span);
-  at::Tensor all = span.AllGather(ExchangeInput(*inputs[0]), node.op()->qualified.c_str());
-  return RunWithExchanged(node, all, span);
-}
-
 void Register(const ir::OpInfo* op, Kernel kernel) {
   {
     std::lock_guard<std::mutex> lock(KernelsMutex());
     KernelsByOp()[op] = kernel;
   }
+  // Across processes the op goes through span_kernels.h, which calls RunMeshKernel.
   RegisterStackedKernel(op->qualified, [kernel](const ir::Node& node,
                                                 const std::vector<const Stacked*>& inputs) {
     if (std::shared_ptr<ProcessSpan> span = ProcessSpan::Current())
-      return RunAcrossProcesses(kernel, node, inputs, *span);
+      return RunSpmdOpAcrossProcesses(node, inputs, *span);
     return kernel(Prepare(node, inputs));
   });
 }
 
 }  // namespace
 
-bool ExchangesAcrossProcesses(const ir::Node& node, const ProcessSpan& span) {
-  return span.process_count() > 1 && GroupsSpanProcesses(GroupsOf(node).groups());
-}
-
-at::Tensor ExchangeInput(const Stacked& x) {
-  SPMD_CHECK(!x.summed, "internal error: a folded sum reached a collective across processes");
-  std::vector<int64_t> idx(x.map->row_of.begin(), x.map->row_of.end());
-  return SelectRows(x.rows, idx).contiguous();
-}
-
-std::vector<Stacked> RunWithExchanged(const ir::Node& node, const at::Tensor& all_rows,
-                                      const ProcessSpan& span) {
-  return RunOnGlobal(KernelOf(node), node,
-                     Stacked{all_rows, IdentityMap(span.global_devices())}, span);
+std::vector<Stacked> RunMeshKernel(const ir::Node& node,
+                                   const std::vector<const Stacked*>& inputs) {
+  Kernel kernel = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(KernelsMutex());
+    auto it = KernelsByOp().find(node.op());
+    SPMD_CHECK(it != KernelsByOp().end(), "internal error: no stacked kernel for ",
+               node.op()->qualified);
+    kernel = it->second;
+  }
+  return kernel(Prepare(node, inputs));
 }
 
 void RegisterStackedKernels() {
