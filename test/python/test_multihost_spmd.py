@@ -583,3 +583,60 @@ def test_a_pod_too_big_for_one_process_trains_across_two(tmp_path):
         loss.backward()
         opt.step()
         np.testing.assert_allclose(got, loss.item(), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sums across processes give the bits one process gives: members added in member order.
+
+def _sum_worker(index, out_dir):
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.debug.metrics as met
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.runtime as xr
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    rows = torch.randn(n, 1000, generator=torch.Generator().manual_seed(3))
+    flat = xs.Mesh(np.arange(n), (n,), ("all",))
+    grid = xs.Mesh(np.arange(n), (2, n // 2), ("data", "model"))
+    x = rows.to(torch_spmd.device())
+    xs.mark_sharding(x, flat, ("all", None))
+    y = rows.reshape(2, n // 2, 1000).to(torch_spmd.device())
+    xs.mark_sharding(y, grid, ("data", "model", None))
+    met.clear_all()
+    total, over_data = x.sum(0), y.sum(0)  # all-reduces over every device, and over 'data'
+    xm.mark_step()
+    sent = met.metric_data("CrossProcessBytes")
+    torch.save({"total": total.cpu(), "over_data": over_data.cpu(),
+                "sent": sent[1] if sent else 0},
+               os.path.join(out_dir, f"sum{xr.process_index()}.pt"))
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_sums_across_processes_add_members_in_member_order(tmp_path, nprocs):
+    os.environ["SPMD_NUM_DEVICES"] = "8"
+    try:
+        xmp.spawn_spmd(_sum_worker, args=(str(tmp_path),), nprocs=nprocs)
+    finally:
+        os.environ.pop("SPMD_NUM_DEVICES", None)
+    rows = torch.randn(8, 1000, generator=torch.Generator().manual_seed(3))
+    # Member order, one add at a time, as one process's all-reduce adds them.
+    total = rows[0].clone()
+    for m in range(1, 8):
+        total += rows[m]
+    grid = rows.reshape(2, 4, 1000)
+    over_data = grid[0].clone()
+    over_data += grid[1]
+    for p in range(nprocs):
+        got = torch.load(tmp_path / f"sum{p}.pt")
+        assert torch.equal(got["total"], total), p
+        assert torch.equal(got["over_data"], over_data), p
+        # Bytes sent: a [1000] float32 value (4000 bytes) per group along the chain, and the
+        # last process's sums to each other process, not every shard to everyone. 'all' (one
+        # group) always chains; 'data' (4 groups of 2 devices) chains with 2 processes, but
+        # with 4 its groups hold only 2 of them: its 2 shards per process go to the 3 others.
+        chained = 4000 + (4 * 4000 if nprocs == 2 else 0)
+        sent = chained * (nprocs - 1) if p == nprocs - 1 else chained
+        if nprocs == 4:
+            sent += 2 * 4000 * 3
+        assert sent <= got["sent"] <= sent + 64 * nprocs, (p, got["sent"], sent)
