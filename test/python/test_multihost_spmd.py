@@ -640,3 +640,40 @@ def test_sums_across_processes_add_members_in_member_order(tmp_path, nprocs):
         if nprocs == 4:
             sent += 2 * 4000 * 3
         assert sent <= got["sent"] <= sent + 64 * nprocs, (p, got["sent"], sent)
+
+
+def _ckpt_killed_worker(index, path):
+    import torch_spmd.runtime as xr
+    from torch_spmd.distributed.checkpoint import SPMDSavePlanner, save_dcp
+    xr.use_spmd()
+    state = _ckpt_state("save")
+    save_dcp(state, path)  # the checkpoint to keep
+    for k in ("w", "b", "r"):
+        state[k] = state[k] * 2
+    if xr.process_index() == 1:  # dies while writing its tiles of the second save
+        SPMDSavePlanner.resolve_data = lambda self, item: os._exit(9)
+    save_dcp(state, path)
+
+
+def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
+    import torch.distributed.checkpoint as dist_cp
+    from torch_spmd.distributed.checkpoint import _dcp
+    path = str(tmp_path / "ckpt")
+    os.environ["SPMD_NUM_DEVICES"] = "8"
+    started = time.time()
+    try:
+        with pytest.raises((xmp.ProcessExitedException, xmp.ProcessRaisedException)):
+            xmp.spawn_spmd(_ckpt_killed_worker, args=(path,), nprocs=2)
+    finally:
+        os.environ.pop("SPMD_NUM_DEVICES", None)
+    assert time.time() - started < 120
+    want = _ckpt_values()
+    plain = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0
+             for k, v in want.items()}
+    _dcp.recover(path)
+    _dcp._single_process("load", plain, storage_reader=dist_cp.FileSystemReader(path))
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(plain[k], v), k
+        else:
+            assert plain[k] == v
