@@ -22,6 +22,8 @@ from . import _world as world_state
 
 _DEFAULT_DEVICES = 8
 _DEFAULT_MEMORY = "16GiB"
+# Whether init created torch.distributed's default group (then shutdown destroys it).
+_owns_group = False
 
 
 class MismatchedSettingsError(RuntimeError):
@@ -69,7 +71,9 @@ def init(timeout: Optional[float] = None) -> None:
                            "one device per process; multi-process SPMD needs its own world")
     if timeout is None:
         timeout = _dist_env.timeout_seconds()
-    if not dist.is_initialized():
+    global _owns_group
+    _owns_group = not dist.is_initialized()
+    if _owns_group:
         missing = [v for v in _dist_env.LAUNCHER_ENV if not os.environ.get(v)]
         if missing:
             raise RuntimeError(
@@ -83,7 +87,16 @@ def init(timeout: Optional[float] = None) -> None:
     elif "gloo" not in str(dist.get_backend()):
         raise RuntimeError("multi-process SPMD runs its collectives over gloo, but "
                            f"torch.distributed's default group uses {dist.get_backend()!r}")
-    count = dist.get_world_size()
+    try:
+        _join(dist.get_world_size())
+    except BaseException:
+        if _owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+
+
+def _join(count: int) -> None:
+    """Checks the settings with every process, then installs this process's span."""
     settings = _settings()
     everyone = [None] * count
     dist.all_gather_object(everyone, settings)
@@ -111,14 +124,14 @@ def _share_cores() -> None:
     """Processes of one machine share its cores: each gets its part for its intra-op threads
     (torchrun's OMP_NUM_THREADS=1 default, less drastic) unless the user chose a count."""
     import torch
-    if os.environ.get("OMP_NUM_THREADS"):
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("SPMD_NUM_THREADS"):
         return
     try:
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     except ValueError:
         return
     if local_processes > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_processes))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_processes))
 
 
 def shutdown(barrier: bool = True) -> None:
@@ -131,8 +144,8 @@ def shutdown(barrier: bool = True) -> None:
             dist.barrier()
     finally:
         _C._clear_process_span()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if _owns_group and dist.is_initialized():
+            dist.destroy_process_group()  # (a group the script made stays the script's)
 
 
 def global_batch_from_local(local, sharding: str):
