@@ -402,7 +402,9 @@ std::vector<Stacked> Executable::RunPerRow(const Instruction& ins, const Aligned
     std::vector<at::Tensor> args(a.rows.size());
     for (size_t i = 0; i < args.size(); ++i) {
       args[i] = a.batched[i] ? a.rows[i].select(0, r) : a.rows[i];
-      if (ins.contiguous_inputs) args[i] = args[i].contiguous();  // it reads strides
+      // (Row-exact: every row laid out alike whatever produced it, one row alone or a stack,
+      // so a reduction adds its elements in one order in every layout.)
+      if (ins.contiguous_inputs || RowExactExecution()) args[i] = args[i].contiguous();
     }
     const int64_t device = a.first_device.empty() ? r : a.first_device[r];
     std::vector<at::Tensor> outs = CallKernel(ins, std::move(args), scalars,
@@ -477,7 +479,8 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
   bool varies = tile_of != nullptr;
   for (const Stacked* in : inputs) varies |= !in->replicated();
   std::optional<std::vector<Stacked>> results;
-  if (varies && !ins.random && !unbatchable_[index].load(std::memory_order_relaxed)) {
+  if (varies && !ins.random && !unbatchable_[index].load(std::memory_order_relaxed) &&
+      !RowExactExecution()) {
     try {
       results = RunBatched(ins, inputs, scalars);
     } catch (const std::exception&) {

@@ -17,14 +17,21 @@
 namespace spmd::runtime {
 
 namespace {
+bool EnvFlag(const char* name, bool otherwise) {
+  const char* env = std::getenv(name);
+  return env == nullptr ? otherwise : std::string(env) != "0";
+}
+
 bool FoldingEnabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("SPMD_FOLD");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool enabled = EnvFlag("SPMD_FOLD", true) && !RowExactExecution();
   return enabled;
 }
 }  // namespace
+
+bool RowExactExecution() {
+  static const bool exact = EnvFlag("SPMD_EXACT_ROWS", false);
+  return exact;
+}
 
 namespace {
 

@@ -87,6 +87,13 @@ struct ExecutionPlan {
 // Lowers `program` (which must outlive the plan: instructions point at its nodes).
 ExecutionPlan PlanExecution(const partition::Program& program);
 
+// SPMD_EXACT_ROWS=1: every local op runs once per distinct device row, each row contiguous (no
+// batching over rows, no folded contractions), so a device's results do not depend on how many
+// devices' shards are stacked with it: 1 process x N devices and P processes x N/P give the
+// same bits (kernels vectorize, block and reduce by a tensor's size and strides) when they run
+// as many intra-op threads. Slower; for checking layouts against each other.
+bool RowExactExecution();
+
 // The ATen kernel of `op`, resolved once per op.
 const c10::OperatorHandle& KernelFor(const ir::OpInfo* op);
 // Whether the instruction's kernel would write one of its inputs.

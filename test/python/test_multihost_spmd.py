@@ -114,19 +114,40 @@ def _run_in_one_process(path):
     return torch.load(path)
 
 
+def _run_layouts(tmp_path_factory, env):
+    """Results of every program on 1 x 8, 2 x 4 and 4 x 2 (processes x devices)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        out = {(1, 8): _run_in_one_process(tmp_path_factory.mktemp("one") / "results.pt")}
+        for nprocs in (2, 4):
+            d = tmp_path_factory.mktemp(f"p{nprocs}")
+            os.environ["SPMD_NUM_DEVICES"] = "8"
+            try:
+                xmp.spawn_spmd(_worker, args=(str(d),), nprocs=nprocs)
+            finally:
+                os.environ.pop("SPMD_NUM_DEVICES", None)
+            out[(nprocs, 8 // nprocs)] = torch.load(d / "results.pt")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out
+
+
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    """Results of every program on 1 x 8, 2 x 4 and 4 x 2 (processes x devices)."""
-    out = {(1, 8): _run_in_one_process(tmp_path_factory.mktemp("one") / "results.pt")}
-    for nprocs in (2, 4):
-        d = tmp_path_factory.mktemp(f"p{nprocs}")
-        os.environ["SPMD_NUM_DEVICES"] = "8"
-        try:
-            xmp.spawn_spmd(_worker, args=(str(d),), nprocs=nprocs)
-        finally:
-            os.environ.pop("SPMD_NUM_DEVICES", None)
-        out[(nprocs, 8 // nprocs)] = torch.load(d / "results.pt")
-    return out
+    return _run_layouts(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="module")
+def exact_layouts(tmp_path_factory):
+    # Row-exact execution (runtime/execution_plan.h): each op once per device row, no folds;
+    # one intra-op thread everywhere (1 x 8 would run 2 here, and some kernels split a
+    # reduction over threads).
+    return _run_layouts(tmp_path_factory, {"SPMD_EXACT_ROWS": "1", "SPMD_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -136,14 +157,31 @@ def test_same_training_on_1x8_2x4_4x2_and_cpu(layouts, kind):
     for layout in ((2, 4), (4, 2)):
         losses, params = layouts[layout][kind]
         # Across processes the collectives add the members in the order one process does; the
-        # local kernels run over fewer stacked rows (a batched and an unbatched matmul round
-        # alike to within an ulp or so), hence the tight tolerance rather than equality.
+        # local kernels run over fewer stacked rows (a batched and an unbatched matmul, a
+        # vectorized loop over a longer or shorter tensor, round alike to within an ulp or
+        # so), hence the tight tolerance; SPMD_EXACT_ROWS=1 gives equality (below).
         np.testing.assert_allclose(losses, one_losses, rtol=1e-6, atol=0, err_msg=str(layout))
         for p, q in zip(params, one_params):
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=f"{kind} {layout}")
     np.testing.assert_allclose(one_losses, cpu_losses, rtol=1e-5, atol=1e-6)
     for p, q in zip(one_params, cpu_params):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_exact_training_is_bit_identical_on_1x8_2x4_4x2(exact_layouts, layouts, kind):
+    """With SPMD_EXACT_ROWS=1 a device's results do not depend on how many devices share its
+    process: the same losses and parameters, bit for bit, whatever the process layout (the
+    collectives across processes add members in one process's order). By default they agree
+    to an ulp or so (above)."""
+    losses, params = exact_layouts[(1, 8)][kind]
+    for layout in ((2, 4), (4, 2)):
+        other_losses, other_params = exact_layouts[layout][kind]
+        assert other_losses == losses, (kind, layout)
+        for p, q in zip(other_params, params):
+            assert torch.equal(p, q), (kind, layout)
+    # The same training as the default execution, to rounding.
+    np.testing.assert_allclose(losses, layouts[(1, 8)][kind][0], rtol=1e-6)
 
 
 def test_programs_are_not_all_alike(layouts):
