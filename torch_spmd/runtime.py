@@ -167,9 +167,13 @@ def configure_devices(num_devices: int, memory: Union[int, str, None] = None) ->
 
 
 def local_process_count() -> int:
-    """Processes on this host: 1, or ``LOCAL_WORLD_SIZE`` in multi-process mode."""
+    """Processes on this host: 1, or ``LOCAL_WORLD_SIZE`` in either multi-process mode."""
     world = _world()
-    return world.local_world_size if world is not None else 1
+    if world is not None:
+        return world.local_world_size
+    if _span() is not None:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return 1
 
 
 def local_device_count() -> int:

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "runtime/process_span.h"
 
 namespace spmd::runtime {
 
@@ -90,6 +91,11 @@ DeviceSet& DeviceSet::Get() {
 void DeviceSet::Configure(int64_t num_devices, int64_t bytes_per_device) {
   SPMD_CHECK_VALUE(num_devices >= 1, "num_devices must be >= 1, got ", num_devices);
   SPMD_CHECK_VALUE(bytes_per_device >= 1, "bytes per device must be >= 1, got ", bytes_per_device);
+  if (auto span = ProcessSpan::Current())
+    SPMD_CHECK(num_devices == span->local_devices(), "cannot make the device set ",
+               num_devices, " devices: this process owns ", span->local_devices(), " of the ",
+               span->global_devices(), " devices of a multi-process SPMD world (",
+               span->process_count(), " processes); leave it (shutdown_spmd_processes) first");
   std::lock_guard<std::mutex> lock(InstanceMutex());
   auto& inst = Instance();
   if (inst) {

@@ -715,3 +715,47 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
             assert torch.equal(plain[k], v), k
         else:
             assert plain[k] == v
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan mode inside a multi-process world plans the world's pod; the device set stays fixed.
+
+def _plan_worker(index, out_dir):
+    import torch_spmd
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.runtime as xr
+    from torch_spmd.plan import Plan
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    with Plan(hardware="tpu-v4") as plan:
+        mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+        x = torch.randn(64, 32).to(torch_spmd.device())
+        xs.mark_sharding(x, mesh, ("data", None))
+        w = torch.randn(32, 16).to(torch_spmd.device())
+        y = (x @ w).sum(0)
+        xm.mark_step()
+        report = plan.report()
+    try:
+        with Plan(num_devices=2 * n, hardware="tpu-v4"):
+            pass
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    del y
+    torch.save({"collectives": report.collectives, "refused": refused},
+               os.path.join(out_dir, f"plan{xr.process_index()}.pt"))
+
+
+def test_plan_mode_in_a_multi_process_world(tmp_path):
+    os.environ["SPMD_NUM_DEVICES"] = "8"
+    try:
+        xmp.spawn_spmd(_plan_worker, args=(str(tmp_path),), nprocs=2)
+    finally:
+        os.environ.pop("SPMD_NUM_DEVICES", None)
+    for p in range(2):
+        got = torch.load(tmp_path / f"plan{p}.pt")
+        # The planned step's all-reduce over every device crosses the processes.
+        kinds = [(c["kind"], c["group_size"], c["crosses_processes"]) for c in got["collectives"]]
+        assert ("all-reduce", 8, True) in kinds, kinds
+        assert "owns 4 of the 8 devices" in got["refused"], got["refused"]
