@@ -148,6 +148,16 @@ def shutdown(barrier: bool = True) -> None:
             dist.destroy_process_group()  # (a group the script made stays the script's)
 
 
+def local_devices() -> range:
+    """The global ids of this process's devices: all of them, or in multi-process SPMD its
+    slice."""
+    span = _C._process_span()
+    if span is None:
+        return range(_C._num_devices())
+    index, _count, local = span
+    return range(index * local, (index + 1) * local)
+
+
 def global_batch_from_local(local, sharding: str):
     """The global batch of which ``local`` is this process's part (dim 0; PyTorch/XLA's
     ``minibatch=True``: each host loads its own slice), as a host tensor to lay out as
@@ -155,30 +165,23 @@ def global_batch_from_local(local, sharding: str):
     each process keeps its own devices' shards, which must lie in its part (ValueError
     otherwise: dim 0 must be split over the devices in process order, e.g. over every device or
     over the axes that span processes)."""
-    import math
-
-    import numpy as np
     import torch
-    index, count, local_devices = _C._process_span()
+
+    from ._tiles import device_shards
+    index, count, _ = _C._process_span()
     rows = local.shape[0]
     shape = (rows * count,) + tuple(local.shape[1:])
-    spec = _C._parse_sharding_spec(sharding)
-    dims, devices = list(spec["dims"]), list(spec["devices"])
-    tile = math.ceil(shape[0] / dims[0])
-    mine = range(index * local_devices, (index + 1) * local_devices)
-    for position, device in enumerate(devices):
-        if device not in mine:
-            continue
-        start = min(int(np.unravel_index(position, dims)[0]) * tile, shape[0])
-        end = min(start + tile, shape[0])
-        if end > start and not (index * rows <= start and end <= (index + 1) * rows):
+    mine = local_devices()
+    for shard in device_shards(sharding, shape):
+        start, length = shard.box[0][0], shard.box[1][0]
+        if shard.device in mine and length > 0 and \
+                not index * rows <= start <= start + length <= (index + 1) * rows:
             raise ValueError(
-                f"minibatch input: process {index}'s device {device} holds rows "
-                f"[{start}, {end}) of the global batch of {shape[0]}, outside this process's "
-                f"part [{index * rows}, {(index + 1) * rows}): shard the batch dim over the "
-                "devices in process order (over every device, or over the axes that span "
-                "processes), or load the whole batch on every process (minibatch=False)")
+                f"minibatch input: process {index}'s device {shard.device} holds rows "
+                f"[{start}, {start + length}) of the global batch of {shape[0]}, outside this "
+                f"process's part [{index * rows}, {(index + 1) * rows}): shard the batch dim "
+                "over the devices in process order (over every device, or over the axes that "
+                "span processes), or load the whole batch on every process (minibatch=False)")
     whole = torch.zeros(shape, dtype=local.dtype)
     whole[index * rows:(index + 1) * rows] = local
     return whole
-

@@ -170,12 +170,14 @@ Executable::Executable(partition::Program program)
   for (size_t i = 0; i < plan_.instructions.size(); ++i) unbatchable_[i] = false;
   span_ = ProcessSpan::Current();
   deferred_exchange_.assign(plan_.instructions.size(), false);
+  chained_exchange_.assign(plan_.instructions.size(), false);
   if (span_ && span_->process_count() > 1)
     for (size_t i = 0; i < plan_.instructions.size(); ++i) {
       const Instruction& ins = plan_.instructions[i];
       deferred_exchange_[i] = ins.node->op()->internal && ins.stacked_kernel &&
                               ins.inputs.size() == 1 && ins.outputs.size() == 1 &&
                               ExchangesAcrossProcesses(*ins.node, *span_);
+      chained_exchange_[i] = deferred_exchange_[i] && ChainsAcrossProcesses(*ins.node, *span_);
     }
 }
 
@@ -184,8 +186,7 @@ void Executable::RunDeferredExchanges(std::vector<size_t>& deferred,
   if (deferred.empty()) return;
   std::vector<size_t> chained, gathered;
   for (size_t index : deferred)
-    (ChainsAcrossProcesses(*plan_.instructions[index].node, *span_) ? chained : gathered)
-        .push_back(index);
+    (chained_exchange_[index] ? chained : gathered).push_back(index);
   auto input_of = [&](size_t index) -> const Stacked& {
     return StackIn(slots[plan_.instructions[index].inputs[0]]);
   };
@@ -714,7 +715,8 @@ std::vector<DeviceDataPtr> Executable::Run(const std::vector<DeviceDataPtr>& par
   // and cannot wait, as it writes into an input), and at the end: a step exchanges once per
   // level of dependent collectives (the gradients of a data-parallel step: once).
   std::vector<size_t> deferred, deferred_readers;
-  std::vector<bool> awaited(plan_.num_slots, false), held(plan_.num_slots, false);
+  const size_t tracked = span_ ? plan_.num_slots : 0;  // (one process: nothing is deferred)
+  std::vector<bool> awaited(tracked, false), held(tracked, false);
   auto run_deferred = [&] {
     const auto started = std::chrono::steady_clock::now();
     RunDeferredExchanges(deferred, slots);

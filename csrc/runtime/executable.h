@@ -139,6 +139,7 @@ class Executable {
   // next ones (XLA's all-reduce combiner, at run time: one exchange of many gradients instead
   // of one each; see Run). Set when a process span is installed.
   std::vector<bool> deferred_exchange_;
+  std::vector<bool> chained_exchange_;  // ... whose sums run as a chain (span_kernels.h)
   std::shared_ptr<ProcessSpan> span_;
   // Per instruction: vmap could not run it (learned on a run; it then runs per row).
   std::unique_ptr<std::atomic<bool>[]> unbatchable_;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "core/error.h"
@@ -19,6 +20,9 @@ std::shared_ptr<ProcessSpan>& Installed() {
   static std::shared_ptr<ProcessSpan> span;
   return span;
 }
+// Whether a span is installed, read without the lock: Current() runs for every spmd op of
+// every step, and one process (no span) is the common case.
+std::atomic<bool> g_installed{false};
 }  // namespace
 
 ProcessSpan::ProcessSpan(int64_t process_index, int64_t process_count, int64_t local_devices)
@@ -108,6 +112,7 @@ std::vector<at::Tensor> ProcessSpan::BroadcastMany(const std::vector<at::Tensor>
 }
 
 std::shared_ptr<ProcessSpan> ProcessSpan::Current() {
+  if (!g_installed.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard<std::mutex> lock(SpanMutex());
   return Installed();
 }
@@ -119,6 +124,7 @@ void ProcessSpan::Set(std::shared_ptr<ProcessSpan> span) {
                      " devices but the process span gives this process ",
                      span->local_devices());
   std::lock_guard<std::mutex> lock(SpanMutex());
+  g_installed.store(span != nullptr, std::memory_order_release);
   Installed() = std::move(span);
 }
 

@@ -6,6 +6,7 @@ on the CPU without torch_spmd: losses and parameters must agree. Then the API (d
 local shards, device attributes), what crosses processes (metrics), and the failures: settings
 that differ, a process that diverges, a process that dies.
 """
+import contextlib
 import os
 import time
 
@@ -24,6 +25,27 @@ os.environ.setdefault("SPMD_DIST_TIMEOUT", "60")
 
 KINDS = ("dp", "fsdpv2", "megatron", "conv", "adam_checkpointed")
 STEPS = 3
+
+
+@contextlib.contextmanager
+def _environ(**values):
+    """This process's environment (which spawned processes inherit) with `values` set."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _spawn(worker, *args, nprocs=2, devices=8, **env):
+    """`worker(process_index, *args)` in a world of `nprocs` processes over `devices` devices."""
+    with _environ(SPMD_NUM_DEVICES=str(devices), **env):
+        xmp.spawn_spmd(worker, args=args, nprocs=nprocs)
 
 
 def _batch(kind, step):
@@ -116,24 +138,12 @@ def _run_in_one_process(path):
 
 def _run_layouts(tmp_path_factory, env):
     """Results of every program on 1 x 8, 2 x 4 and 4 x 2 (processes x devices)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with _environ(**env):
         out = {(1, 8): _run_in_one_process(tmp_path_factory.mktemp("one") / "results.pt")}
         for nprocs in (2, 4):
             d = tmp_path_factory.mktemp(f"p{nprocs}")
-            os.environ["SPMD_NUM_DEVICES"] = "8"
-            try:
-                xmp.spawn_spmd(_worker, args=(str(d),), nprocs=nprocs)
-            finally:
-                os.environ.pop("SPMD_NUM_DEVICES", None)
+            _spawn(_worker, str(d), nprocs=nprocs)
             out[(nprocs, 8 // nprocs)] = torch.load(d / "results.pt")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return out
 
 
@@ -257,11 +267,7 @@ def _api_worker(index, out_dir):
 
 
 def test_api_local_shards_and_cross_process_bytes(tmp_path):
-    os.environ["SPMD_NUM_DEVICES"] = "8"
-    try:
-        xmp.spawn_spmd(_api_worker, args=(str(tmp_path),), nprocs=2)
-    finally:
-        os.environ.pop("SPMD_NUM_DEVICES", None)
+    _spawn(_api_worker, str(tmp_path))
     infos = [torch.load(tmp_path / f"api{p}.pt") for p in range(2)]
     t = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     for p, info in enumerate(infos):
@@ -343,7 +349,7 @@ def _diverging_worker(index, out_dir):
 def test_a_diverging_process_is_reported_not_deadlocked(tmp_path):
     started = time.time()
     with pytest.raises(xmp.ProcessRaisedException, match=r"different one than process 0"):
-        xmp.spawn_spmd(_diverging_worker, args=(str(tmp_path),), nprocs=2)
+        _spawn(_diverging_worker, str(tmp_path))
     assert time.time() - started < 120
 
 
@@ -367,7 +373,7 @@ def _dying_worker(index, out_dir):
 def test_a_dying_process_stops_the_others_quickly(tmp_path):
     started = time.time()
     with pytest.raises((xmp.ProcessExitedException, xmp.ProcessRaisedException)):
-        xmp.spawn_spmd(_dying_worker, args=(str(tmp_path),), nprocs=2)
+        _spawn(_dying_worker, str(tmp_path))
     assert time.time() - started < 120
 
 
@@ -509,15 +515,11 @@ def _ckpt_load_worker(index, path, out_dir):
 def test_dcp_saved_by_2_processes_loads_into_4_processes_and_the_cpu(tmp_path):
     import torch.distributed.checkpoint as dist_cp
     path = str(tmp_path / "ckpt")
-    os.environ["SPMD_NUM_DEVICES"] = "8"
-    try:
-        xmp.spawn_spmd(_ckpt_save_worker, args=(path,), nprocs=2)
-        # Each process wrote its own tiles, once: two data files, chunks covering each tensor.
-        files = sorted(f for f in os.listdir(path) if f.endswith(".distcp"))
-        assert files == ["__0_0.distcp", "__1_0.distcp"], files
-        xmp.spawn_spmd(_ckpt_load_worker, args=(path, str(tmp_path)), nprocs=4)
-    finally:
-        os.environ.pop("SPMD_NUM_DEVICES", None)
+    _spawn(_ckpt_save_worker, path)
+    # Each process wrote its own tiles, once: two data files, chunks covering each tensor.
+    files = sorted(f for f in os.listdir(path) if f.endswith(".distcp"))
+    assert files == ["__0_0.distcp", "__1_0.distcp"], files
+    _spawn(_ckpt_load_worker, path, str(tmp_path), nprocs=4)
     want = _ckpt_values()
     for p in range(4):
         got = torch.load(tmp_path / f"loaded{p}.pt")
@@ -601,12 +603,7 @@ def test_a_pod_too_big_for_one_process_trains_across_two(tmp_path):
                          timeout=300)
     assert out.returncode != 0 and "out of memory" in out.stderr.lower(), out.stderr[-2000:]
     # Two processes of 8 devices each (16 in all): every device stays under the cap.
-    os.environ.update(SPMD_NUM_DEVICES="16", SPMD_DEVICE_MEMORY=_CAP)
-    try:
-        xmp.spawn_spmd(_cap_worker, args=(str(tmp_path),), nprocs=2)
-    finally:
-        os.environ.pop("SPMD_NUM_DEVICES", None)
-        os.environ.pop("SPMD_DEVICE_MEMORY", None)
+    _spawn(_cap_worker, str(tmp_path), devices=16, SPMD_DEVICE_MEMORY=_CAP)
     results = [torch.load(tmp_path / f"cap{p}.pt") for p in range(2)]
     assert results[0]["losses"] == results[1]["losses"]
     for r in results:
@@ -652,11 +649,7 @@ def _sum_worker(index, out_dir):
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_sums_across_processes_add_members_in_member_order(tmp_path, nprocs):
-    os.environ["SPMD_NUM_DEVICES"] = "8"
-    try:
-        xmp.spawn_spmd(_sum_worker, args=(str(tmp_path),), nprocs=nprocs)
-    finally:
-        os.environ.pop("SPMD_NUM_DEVICES", None)
+    _spawn(_sum_worker, str(tmp_path), nprocs=nprocs)
     rows = torch.randn(8, 1000, generator=torch.Generator().manual_seed(3))
     # Member order, one add at a time, as one process's all-reduce adds them.
     total = rows[0].clone()
@@ -697,13 +690,9 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
     import torch.distributed.checkpoint as dist_cp
     from torch_spmd.distributed.checkpoint import _dcp
     path = str(tmp_path / "ckpt")
-    os.environ["SPMD_NUM_DEVICES"] = "8"
     started = time.time()
-    try:
-        with pytest.raises((xmp.ProcessExitedException, xmp.ProcessRaisedException)):
-            xmp.spawn_spmd(_ckpt_killed_worker, args=(path,), nprocs=2)
-    finally:
-        os.environ.pop("SPMD_NUM_DEVICES", None)
+    with pytest.raises((xmp.ProcessExitedException, xmp.ProcessRaisedException)):
+        _spawn(_ckpt_killed_worker, path)
     assert time.time() - started < 120
     want = _ckpt_values()
     plain = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0
@@ -748,11 +737,7 @@ def _plan_worker(index, out_dir):
 
 
 def test_plan_mode_in_a_multi_process_world(tmp_path):
-    os.environ["SPMD_NUM_DEVICES"] = "8"
-    try:
-        xmp.spawn_spmd(_plan_worker, args=(str(tmp_path),), nprocs=2)
-    finally:
-        os.environ.pop("SPMD_NUM_DEVICES", None)
+    _spawn(_plan_worker, str(tmp_path))
     for p in range(2):
         got = torch.load(tmp_path / f"plan{p}.pt")
         # The planned step's all-reduce over every device crosses the processes.

@@ -5,26 +5,15 @@ many elements it covers. Saved pieces are disjoint boxes that together cover the
 target box (one device's shard under any mesh and spec) is assembled by copying in the
 intersection with every piece.
 """
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ... import _C
-
-Box = Tuple[Tuple[int, ...], Tuple[int, ...]]
-
-
-class DeviceShard:
-    """Where device ``device`` keeps its shard: the unpadded ``box`` of the global tensor and
-    the ``padded_shape`` of its buffer (uneven dims are padded to ``ceil(dim / tiles)``)."""
-    __slots__ = ("device", "box", "padded_shape")
-
-    def __init__(self, device: int, box: Box, padded_shape: Tuple[int, ...]):
-        self.device = device
-        self.box = box
-        self.padded_shape = padded_shape
+from ... import _process_span
+# Every device's shard of a sharding (shared with the minibatch upload, which is below this).
+from ..._tiles import Box, DeviceShard, device_shards  # noqa: F401
 
 
 def is_tiled(sharding: str) -> bool:
@@ -36,43 +25,6 @@ def is_tiled(sharding: str) -> bool:
         return False
     tensor_dims = ta["dims"][:-1] if ta["last_tile_dim_replicate"] else ta["dims"]
     return any(t > 1 for t in tensor_dims)
-
-
-def local_devices() -> range:
-    """The global ids of this process's devices: all of them, or in multi-process SPMD its
-    slice (docs/multihost_spmd.md)."""
-    span = _C._process_span()
-    if span is None:
-        return range(_C._num_devices())
-    index, _count, local = span
-    return range(index * local, (index + 1) * local)
-
-
-def device_shards(sharding: str, shape: Sequence[int]) -> List[DeviceShard]:
-    """Every device's shard of a tensor of ``shape`` sharded as ``sharding`` (a tiled XLA
-    sharding string), in device-id order.
-
-    Computed from the tile assignment alone, without touching the data: device ``devices[p]``
-    holds tile ``unravel(p, dims)``; a dim of size D in t tiles has shard size s = ceil(D/t) and
-    tile i covers [min(i*s, D), min((i+1)*s, D)), as XLA and ``local_shards`` lay them out.
-    """
-    ta = _C._parse_sharding_spec(sharding)
-    dims, devices = list(ta["dims"]), list(ta["devices"])
-    rank = len(shape)
-    tiles = dims[:rank]
-    sizes = [math.ceil(d / t) for d, t in zip(shape, tiles)]
-    out = []
-    for position, device in enumerate(devices):
-        coords = np.unravel_index(position, dims)
-        offsets, lengths = [], []
-        for d in range(rank):
-            start = min(int(coords[d]) * sizes[d], shape[d])
-            end = min(start + sizes[d], shape[d])
-            offsets.append(start)
-            lengths.append(end - start)
-        out.append(DeviceShard(int(device), (tuple(offsets), tuple(lengths)), tuple(sizes)))
-    out.sort(key=lambda s: s.device)
-    return out
 
 
 def _intersect(a: Box, b: Box) -> Optional[Tuple[List[slice], List[slice]]]:
@@ -128,7 +80,7 @@ def assemble_shards(fqn: str, sharding: str, shape: Sequence[int],
     out as ``sharding``, assembled from ``pieces``; replicas of a tile share one tensor."""
     cache: Dict[Box, torch.Tensor] = {}
     shards = []
-    mine = local_devices()
+    mine = _process_span.local_devices()
     for s in device_shards(sharding, shape):
         if s.device not in mine:
             continue

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
                                                   WriteItem, WriteItemType)
 
 from ... import _C
+from ... import _process_span
 from ..._device import is_spmd_tensor
 from ..spmd.xla_sharding import unwrap_sharded_tensor
 from . import _layout
@@ -92,7 +93,7 @@ def _tile_boxes(sharding: str, shape: Sequence[int]) -> List[Box]:
     process of the first device holding it (all of them with one process)."""
     boxes: List[Box] = []
     seen = set()
-    mine = _layout.local_devices()
+    mine = _process_span.local_devices()
     for s in _layout.device_shards(sharding, shape):
         if s.box not in seen and _volume(s.box[1]) > 0:
             seen.add(s.box)
@@ -363,7 +364,7 @@ class _Target:
             self.boxes: List[Box] = []
             self.buffers: List[torch.Tensor] = []
             self.device_tile: List[int] = []  # this process's devices -> index into boxes
-            mine = _layout.local_devices()
+            mine = _process_span.local_devices()
             for s in shards:
                 if s.device not in mine:
                     continue

@@ -17,6 +17,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ... import _C
+from ... import _process_span
 from ..._device import is_spmd_tensor
 from ...runtime import device_type
 from ._sharding_type import ShardingType, sharding_type_of_spec
@@ -241,16 +242,14 @@ class XLAShardedTensor(DTensor):
         if self.sharding_type in (None, ShardingType.REPLICATED):
             raise RuntimeError(
                 "Replicated tensor should not be loaded from _load_local_shards - use copy_")
-        n = _C._num_devices()
-        span = _C._process_span()
-        first = span[0] * span[2] if span is not None else 0  # this process's first device
+        mine = _process_span.local_devices()  # global ids
         by_device = {_device_index(s.shard_device): s.data for s in shards}
-        if len(shards) != n or sorted(by_device) != list(range(first, first + n)):
+        if len(shards) != len(mine) or sorted(by_device) != list(mine):
             raise RuntimeError(
                 "Shards must be provided for all local devices: got devices "
                 f"{sorted(_device_index(s.shard_device) for s in shards)}, expected "
-                f"{first}..{first + n - 1}")
-        _C._load_local_shards(self.global_tensor, [by_device[i] for i in range(first, first + n)])
+                f"{mine.start}..{mine.stop - 1}")
+        _C._load_local_shards(self.global_tensor, [by_device[i] for i in mine])
         self.invalidate_spec_cache()
 
     def __repr__(self) -> str:
