@@ -6,7 +6,6 @@ on the CPU without torch_spmd: losses and parameters must agree. Then the API (d
 local shards, device attributes), what crosses processes (metrics), and the failures: settings
 that differ, a process that diverges, a process that dies.
 """
-import contextlib
 import os
 import time
 
@@ -27,24 +26,9 @@ KINDS = ("dp", "fsdpv2", "megatron", "conv", "adam_checkpointed")
 STEPS = 3
 
 
-@contextlib.contextmanager
-def _environ(**values):
-    """This process's environment (which spawned processes inherit) with `values` set."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _spawn(worker, *args, nprocs=2, devices=8, **env):
     """`worker(process_index, *args)` in a world of `nprocs` processes over `devices` devices."""
-    with _environ(SPMD_NUM_DEVICES=str(devices), **env):
+    with xmp._environ(SPMD_NUM_DEVICES=str(devices), **env):
         xmp.spawn_spmd(worker, args=args, nprocs=nprocs)
 
 
@@ -138,7 +122,7 @@ def _run_in_one_process(path):
 
 def _run_layouts(tmp_path_factory, env):
     """Results of every program on 1 x 8, 2 x 4 and 4 x 2 (processes x devices)."""
-    with _environ(**env):
+    with xmp._environ(**env):
         out = {(1, 8): _run_in_one_process(tmp_path_factory.mktemp("one") / "results.pt")}
         for nprocs in (2, 4):
             d = tmp_path_factory.mktemp(f"p{nprocs}")

@@ -15,6 +15,7 @@ Under torchrun, every worker process already is one replica: ``spawn`` with one 
 launcher (``nprocs`` None or 1) runs ``fn`` in the worker itself, joined to the world torchrun
 describes (``torch_spmd.distributed.init_multiprocess``), instead of starting a child.
 """
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -109,6 +110,22 @@ def _replica_envs(nprocs, spmd=False):
             # One device per replica process; set before torch_spmd creates its device set.
             envs[-1]["SPMD_NUM_DEVICES"] = "1"
     return envs
+
+
+@contextlib.contextmanager
+def _environ(**values):
+    """This process's environment (which processes started meanwhile inherit) with ``values``
+    set, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _replica_main(index, fn, args, env, error_queue):
@@ -261,17 +278,8 @@ def _start(envs, fn, args, join, daemon, start_method):
         p = ctx.Process(target=_replica_main, args=(index, fn, args, env, q), daemon=daemon)
         # A spawned child imports the caller's modules (unpickling fn) before _replica_main
         # runs: give it its environment from the start.
-        with _env_lock:
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                p.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+        with _env_lock, _environ(**env):
+            p.start()
         processes.append(p)
         error_queues.append(q)
     context = ProcessContext(processes, error_queues)
