@@ -87,12 +87,9 @@ def init(timeout: Optional[float] = None) -> None:
     elif "gloo" not in str(dist.get_backend()):
         raise RuntimeError("multi-process SPMD runs its collectives over gloo, but "
                            f"torch.distributed's default group uses {dist.get_backend()!r}")
-    try:
-        _join(dist.get_world_size())
-    except BaseException:
-        if _owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-        raise
+    # (A failed join leaves the group as it is: tearing it down could wait on a process that
+    # already failed the same check and exited, and this one is about to fail too.)
+    _join(dist.get_world_size())
 
 
 def _join(count: int) -> None:
