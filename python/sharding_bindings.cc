@@ -99,6 +99,7 @@ void BindSharding(py::module_& m) {
       py::arg("dim_axes"), py::arg("full_shape"));
   m.def("_mark_manual_sharding", &aten::MarkManualSharding);
   m.def("_get_sharding_spec", &aten::GetShardingSpec);
+  m.def("_held_on_host", &aten::HeldOnHost);
   m.def("_get_sharding_specs", [](const std::vector<at::Tensor>& ts) {
     std::vector<std::string> out;
     for (const at::Tensor& t : ts) out.push_back(aten::GetShardingSpec(t));

@@ -302,7 +302,10 @@ class ArgConverter {
     DeviceMismatch(t);
   }
 
+  // A value entering a graph is on the devices: data still held on the host is uploaded now,
+  // as PyTorch/XLA's virtual device uploads a tensor when an op first uses it.
   Arg AddInput(const ir::Value& v) {
+    if (v.node->is_data()) static_cast<const runtime::DeviceData&>(*v.node->data()).Upload();
     inputs.push_back(v);
     return Arg::Tensor(static_cast<int64_t>(inputs.size()) - 1);
   }
@@ -487,7 +490,7 @@ at::Tensor WrapOutput(const ir::Value& v, bool factory) {
 }
 
 ir::Value UploadValue(const at::Tensor& host) {
-  return ir::Value{ir::MakeDataNode(runtime::DeviceData::FromHost(host, Sharding())), 0};
+  return ir::Value{ir::MakeDataNode(runtime::DeviceData::HeldOnHost(host)), 0};
 }
 
 ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,

@@ -53,7 +53,8 @@ void ClearPendingPythonError(const std::exception& e);
 ir::Value RecordNode(const ir::OpInfo* op, std::vector<ir::Value> inputs,
                      std::vector<ir::Arg> args, TensorType output);
 
-// Uploads a host tensor as replicated device data and returns its data node's value.
+// A host tensor as replicated device data, held on the host until first used or annotated
+// (DeviceData::HeldOnHost), as its data node's value.
 ir::Value UploadValue(const at::Tensor& host);
 
 }  // namespace spmd::aten

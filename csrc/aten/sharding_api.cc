@@ -127,6 +127,12 @@ void ClearSharding(const at::Tensor& t) {
     SetSlotValue(slot, slot->value.node->input(0));
 }
 
+bool HeldOnHost(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  const ir::Value& v = GetLazyImpl(t)->slot()->value;
+  return v.node->is_data() && DataOf(v)->held_on_host();
+}
+
 Sharding GetSharding(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t);

@@ -37,6 +37,8 @@ void ClearSharding(const at::Tensor& t);
 Sharding GetSharding(const at::Tensor& t);
 // XLA text form, "" when `t` has no sharding.
 std::string GetShardingSpec(const at::Tensor& t);
+// Whether `t` is device data still held on the host (runtime::DeviceData::HeldOnHost).
+bool HeldOnHost(const at::Tensor& t);
 
 // Manual sharding (PyTorch/XLA's SPMDFullToShardShape / SPMDShardToFullShape / {manual}).
 // FullToShard: `t` must carry a tiled sharding S; the result is each device's padded shard of

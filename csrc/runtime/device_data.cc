@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <map>
 
 #include "core/error.h"
@@ -45,8 +46,13 @@ DeviceData::DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr
       shards_(std::move(shards)),
       stacked_(std::move(stacked)) {}
 
+DeviceData::~DeviceData() {
+  if (held_on_host()) DeviceSet::HeldOnHostCount().fetch_sub(1);
+}
+
 const Stacked& DeviceData::stacked() const {
   if (planned_) throw PlannedDataError("read its shards");
+  Upload();
   std::call_once(stack_once_, [this] {
     if (!stacked_.defined()) stacked_ = StackOf(shards_);
   });
@@ -82,6 +88,7 @@ std::shared_ptr<DeviceData> DeviceData::Materialized() const {
 
 const at::Tensor& DeviceData::shard(int64_t device) const {
   if (planned_) throw PlannedDataError("read a device's shard");
+  Upload();
   return shards_.at(device)->tensor;
 }
 
@@ -114,23 +121,64 @@ namespace {
 // move on the devices, not a transfer from or to the host, so the transfer metrics
 // (OutboundData, InboundData) leave it out.
 thread_local bool t_relaying = false;
+
+// A transfer to the devices, recorded when done: its bytes (PyTorch/XLA's OutboundData, once
+// per transfer) and the time laying it out took (TransferToDeviceTime). Relayouts are moves on
+// the devices, not transfers.
+class TransferToDevice {
+ public:
+  std::shared_ptr<DeviceData> Done(std::shared_ptr<DeviceData> data) const {
+    if (t_relaying) return data;
+    Metrics& m = Metrics::Get();
+    m.Record("OutboundData", static_cast<double>(data->type().bytes()));
+    m.Record("TransferToDeviceTime",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    return data;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// A private copy of the caller's host tensor (contiguous), which the caller may mutate later.
+at::Tensor OwnedCopy(const at::Tensor& host) {
+  at::Tensor global = host.contiguous();
+  return global.is_same(host) ? global.clone() : global;
+}
 }  // namespace
+
+std::shared_ptr<DeviceData> DeviceData::HeldOnHost(const at::Tensor& host) {
+  if (Planning()) return FromHost(host, Sharding());
+  Count("VirtualDeviceUsage");  // (PyTorch/XLA's counter of the same meaning)
+  auto data = std::make_shared<DeviceData>(TypeOf(host), Sharding(), std::vector<BufferPtr>{});
+  data->held_ = OwnedCopy(host);
+  DeviceSet::HeldOnHostCount().fetch_add(1);
+  return data;
+}
+
+void DeviceData::Upload() const {
+  if (!held_.defined() || uploaded_.load(std::memory_order_acquire)) return;
+  std::call_once(upload_once_, [this] {
+    TransferToDevice transfer;
+    shards_ = MakeReplicatedBuffers(held_, "tensor " + type_.ToString());
+    uploaded_.store(true, std::memory_order_release);
+    DeviceSet::HeldOnHostCount().fetch_sub(1);
+    transfer.Done(std::const_pointer_cast<DeviceData>(shared_from_this()));
+  });
+}
 
 std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
                                                  const Sharding& sharding) {
   TensorType type = TypeOf(host);
   if (Planning())  // the values are never read, but for ids and masks (KeepsKnownValue)
     return Planned(type, sharding, KeepsKnownValue(type) ? host.contiguous().clone() : at::Tensor());
-  // Bytes sent to the devices, once per transfer (PyTorch/XLA's metric of the same name).
-  if (!t_relaying) Metrics::Get().Record("OutboundData", static_cast<double>(type.bytes()));
+  TransferToDevice transfer;
   std::string label = "tensor " + type.ToString();
+  if (!sharding.valid() || sharding.IsReplicated())
+    return transfer.Done(
+        std::make_shared<DeviceData>(type, sharding, MakeReplicatedBuffers(OwnedCopy(host), label)));
   at::Tensor global = host.contiguous();
   int64_t n = DeviceSet::Get().num_devices();
-  if (!sharding.valid() || sharding.IsReplicated()) {
-    // Own a private copy: the caller's host tensor may be mutated later.
-    at::Tensor copy = global.is_same(host) ? global.clone() : global;
-    return std::make_shared<DeviceData>(type, sharding, MakeReplicatedBuffers(copy, label));
-  }
   const int64_t global_count = GlobalDeviceCount(), first = FirstLocalDevice();
   SPMD_CHECK(sharding.mesh().size() == global_count, "sharding mesh has ",
              sharding.mesh().size(), " devices but the device set has ", global_count);
@@ -154,12 +202,14 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
     ExtractShardInto(global, sharding, first + first_device[r], rows[r]);
   Stacked stacked{rows, std::move(map)};
   PerDevice shards = BuffersOf(stacked, InternLabel(label + " shard"));
-  return std::make_shared<DeviceData>(type, sharding, std::move(shards), std::move(stacked));
+  return transfer.Done(
+      std::make_shared<DeviceData>(type, sharding, std::move(shards), std::move(stacked)));
 }
 
 at::Tensor DeviceData::ToHost() const {
   if (planned_ && known_.defined()) return known_;
   if (planned_) throw PlannedDataError("read its values");
+  if (held_on_host()) return held_;  // no transfer: it never left the host
   if (!t_relaying) Metrics::Get().Record("InboundData", static_cast<double>(type_.bytes()));
   if (is_replicated()) return shards_.at(0)->tensor;
   SPMD_CHECK(!sharding_.is_manual(), "cannot read a manually sharded value back to the host");
@@ -223,6 +273,7 @@ at::Tensor DeviceData::ToHost() const {
 
 std::shared_ptr<DeviceData> DeviceData::Relayout(const Sharding& target) const {
   if (planned_) return Planned(type_, target, known_);
+  if (held_on_host()) return FromHost(held_, target);  // its first transfer: only the shards
   struct Relaying {
     Relaying() { t_relaying = true; }
     ~Relaying() { t_relaying = false; }

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -34,10 +35,15 @@ class DeviceData final : public ir::DataHandle,
   // shards stacked (stacked.h), as the executor produced them.
   DeviceData(TensorType type, Sharding sharding, std::vector<BufferPtr> shards,
              Stacked stacked = {});
+  ~DeviceData() override;
 
   const TensorType& type() const override { return type_; }
   const Sharding& sharding() const override { return sharding_; }
-  const std::vector<BufferPtr>& shards() const { return shards_; }
+  // (Of data held on the host, reading the shards uploads it first.)
+  const std::vector<BufferPtr>& shards() const {
+    Upload();
+    return shards_;
+  }
   const at::Tensor& shard(int64_t device) const;
   // The shards stacked: as produced, or stacked now (once) from the shards.
   const Stacked& stacked() const;
@@ -66,6 +72,15 @@ class DeviceData final : public ir::DataHandle,
   bool is_replicated() const { return !sharding_.valid() || sharding_.IsReplicated(); }
   // Lays a host tensor out over the devices: each device gets its (zero-padded) shard.
   static std::shared_ptr<DeviceData> FromHost(const at::Tensor& host, const Sharding& sharding);
+  // A host tensor moved to the device and held on the host until it is used (PyTorch/XLA's
+  // SPMD virtual device): annotating it lays out only its shards, so a model moved to the
+  // device and then sharded never occupies each device whole; the first use in a graph (or
+  // any read of its shards) uploads it replicated. Planning: planned data, as FromHost.
+  static std::shared_ptr<DeviceData> HeldOnHost(const at::Tensor& host);
+  // Still held on the host: no device has received it yet.
+  bool held_on_host() const { return held_.defined() && !uploaded_.load(std::memory_order_acquire); }
+  // Lays data held on the host out on every device (replicated); otherwise nothing.
+  void Upload() const;
   // The global value on the host: tiles stitched together, padding dropped, pending partial
   // sums reduced.
   at::Tensor ToHost() const;
@@ -76,9 +91,12 @@ class DeviceData final : public ir::DataHandle,
  private:
   TensorType type_;
   Sharding sharding_;
-  std::vector<BufferPtr> shards_;
+  mutable std::vector<BufferPtr> shards_;  // (filled by Upload for data held on the host)
   mutable Stacked stacked_;
   mutable std::once_flag stack_once_;
+  at::Tensor held_;  // HeldOnHost's tensor (also the replicas' buffer once uploaded)
+  mutable std::once_flag upload_once_;
+  mutable std::atomic<bool> uploaded_{false};
   bool planned_ = false;
   bool host_bookkeeping_ = false;
   at::Tensor known_;  // planned data's value, when known

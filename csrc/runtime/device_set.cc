@@ -99,9 +99,11 @@ void DeviceSet::Configure(int64_t num_devices, int64_t bytes_per_device) {
   std::lock_guard<std::mutex> lock(InstanceMutex());
   auto& inst = Instance();
   if (inst) {
-    SPMD_CHECK(inst->live_allocations() == 0,
-               "cannot reconfigure the device set while ", inst->live_allocations(),
-               " buffers are live on it; configure it before creating spmd tensors");
+    const int64_t held = HeldOnHostCount().load();
+    SPMD_CHECK(inst->live_allocations() + held == 0, "cannot reconfigure the device set while ",
+               inst->live_allocations() + held, " buffers are live on it (", held,
+               " of them held on the host until used); configure it before creating spmd "
+               "tensors");
   }
   inst.reset(new DeviceSet(num_devices, bytes_per_device));
 }
@@ -216,6 +218,11 @@ DeviceStats DeviceSet::Stats(int64_t device) const {
 void DeviceSet::ResetAllPeaks() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& d : devices_) d.stats.peak_bytes_used = d.stats.bytes_used;
+}
+
+std::atomic<int64_t>& DeviceSet::HeldOnHostCount() {
+  static std::atomic<int64_t> count{0};
+  return count;
 }
 
 int64_t DeviceSet::live_allocations() const {

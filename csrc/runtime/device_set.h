@@ -4,6 +4,7 @@
 // HBM would, and refuses an allocation that would exceed its capacity.
 #pragma once
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,8 +49,12 @@ class DeviceSet {
   // The process-wide device set, created on first use from SPMD_NUM_DEVICES (default 8) and
   // SPMD_DEVICE_MEMORY (default "16GiB"; accepts B, KiB, MiB, GiB, TiB, KB, MB, GB, TB).
   static DeviceSet& Get();
-  // Replaces the configuration; only allowed while no buffer is live.
+  // Replaces the configuration; only allowed while no buffer is live and no tensor is held on
+  // the host for the devices (HeldOnHostCount).
   static void Configure(int64_t num_devices, int64_t bytes_per_device);
+  // Tensors moved to the device but held on the host until used (DeviceData::HeldOnHost):
+  // live spmd tensors as much as buffers are, so they keep the configuration too.
+  static std::atomic<int64_t>& HeldOnHostCount();
   // Parses "16GiB", "512MB", "1024" (bytes). Throws std::invalid_argument on bad text.
   static int64_t ParseBytes(const std::string& text);
 

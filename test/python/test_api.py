@@ -516,12 +516,23 @@ def test_outbound_and_inbound_data_metrics_count_transferred_bytes():
     import numpy as np
     import torch_spmd.distributed.spmd as xs
     from torch_spmd.debug import metrics as met
+    # A moved tensor is held on the host until used or annotated (PyTorch/XLA's virtual
+    # device): it is transferred then, once.
     n = torch_spmd.runtime.global_runtime_device_count()
+    met.clear_metrics()
     x = torch.randn(n * 2, 8)
     t = x.to(torch_spmd.device())
+    assert met.metric_data("OutboundData") is None
+    assert "TransferToDeviceTime" not in met.metric_names()
+    assert torch.equal(t.cpu(), x)  # read while held: nothing moves
+    assert met.metric_data("InboundData") is None
+    u = t * 1  # its first use uploads it (replicated)
+    assert met.metric_data("OutboundData")[0] == 1
     assert met.metric_data("OutboundData")[2][-1] == x.nelement() * x.element_size()
+    assert "TransferToDeviceTime" in met.metric_names()
     s = torch.randn(n, 4)
     xs.mark_sharding(s.to(torch_spmd.device()), xs.Mesh(np.arange(n), (n,)), (0, None))
+    assert met.metric_data("OutboundData")[0] == 2  # sharded at once: one transfer, not two
     assert met.metric_data("OutboundData")[2][-1] == s.nelement() * s.element_size()
-    assert torch.equal(t.cpu(), x)
+    assert torch.equal(u.cpu(), x)
     assert met.metric_data("InboundData")[2][-1] == x.nelement() * x.element_size()

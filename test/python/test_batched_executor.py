@@ -229,7 +229,7 @@ def test_transposed_weight_shares_its_bytes_and_memory_is_exact():
     ensure_devices()
     mesh = mesh_of((8,))
     x = to_device(T(64, 32, seed=14), mesh, ("x", None))
-    w = to_device(T(16, 32, seed=15), mesh, None)
+    w = to_device(T(16, 32, seed=15), mesh, (None, None))  # (on the devices now, not held)
     step([])
     before = [_C._memory_info(d)["bytes_used"] for d in range(N)]
     _C._reset_peak_memory()

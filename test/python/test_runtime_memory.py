@@ -13,6 +13,7 @@ import torch
 import torch_spmd
 import torch_spmd.core.xla_model as xm
 import torch_spmd.debug.metrics as met
+import torch_spmd.distributed.spmd as xs
 from torch_spmd import _C
 
 DEV = torch_spmd.device()
@@ -26,6 +27,17 @@ def _settle():
 
 def _used():
     return xm.get_memory_info(0)["bytes_used"]
+
+
+def _on_devices(host):
+    """``host`` moved to the device and on every device now: a moved tensor is held on the
+    host until first used (as by PyTorch/XLA's virtual device); a replicated annotation lays it
+    out at once."""
+    t = host.to(DEV)
+    assert _C._held_on_host(t)
+    xs.mark_sharding(t, xs.get_1d_mesh(), (None,) * t.dim())
+    assert not _C._held_on_host(t)
+    return t
 
 
 def test_in_place_updates_leave_one_buffer_per_tensor():
@@ -56,7 +68,7 @@ def test_adam_steps_keep_memory_constant():
 
 def test_old_values_of_updated_tensors_are_donated():
     _settle()
-    t = torch.ones(512, 512).to(DEV)
+    t = _on_devices(torch.ones(512, 512))
     xm.mark_step()
     base = _used()
     _C._reset_peak_memory()
@@ -82,7 +94,7 @@ def test_inputs_still_referenced_are_not_donated():
 
 def test_views_of_dying_values_are_zero_copy():
     _settle()
-    x = torch.randn(512, 512).to(DEV)
+    x = _on_devices(torch.randn(512, 512))
     xm.mark_step()
     base = _used()
     _C._reset_peak_memory()

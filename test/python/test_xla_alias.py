@@ -497,11 +497,24 @@ def test_tensor_debug_info_reports_device_shape_sharding_and_data(mesh8):
     st = xs.mark_sharding(t, xs.Mesh(np.arange(8), (1, 8)), (0, 1))
     info = _XLAC._get_xla_tensor_debug_info(st.global_tensor)
     for field in ("XLAShardedData", "Data Device: SPMD:0", "XLA Shape: f32[1,8]",
-                  "OpSharding: {devices=[1,8]0,1,2,3,4,5,6,7}", "NumShards: 8", "IR: None"):
+                  "OpSharding: {devices=[1,8]0,1,2,3,4,5,6,7}", "NumShards: 8",
+                  "IR: xla::device_data()", "Tensor on host: None"):
         assert field in info, (field, info)
     pending = _XLAC._get_xla_tensor_debug_info(t + 1)
     assert "IR: aten::add.Tensor" in pending and "XLAData: None" in pending
-    assert "ShardingSpec: None" in _XLAC._get_xla_tensor_debug_info(torch.ones(3).to(t.device))
+    # Moved and not used yet: held on the host (PyTorch/XLA's virtual device), then uploaded
+    # replicated by its first use.
+    held = torch.ones(3, 2).to(t.device)
+    info = _XLAC._get_xla_tensor_debug_info(held)
+    for field in ("ShardingSpec: None", "IR: None", "XLAData: None",
+                  "Tensor on host: with size [3, 2]"):
+        assert field in info, (field, info)
+    used = held * 2
+    info = _XLAC._get_xla_tensor_debug_info(held)
+    for field in ("IR: xla::device_data()", "XLAData: ", "OpSharding: {replicated}",
+                  "Tensor on host: None"):
+        assert field in info, (field, info)
+    assert used.cpu().tolist() == [[2.0, 2.0]] * 3
 
 
 def test_laying_out_device_data_is_not_a_transfer(mesh8):

@@ -60,11 +60,11 @@ def _get_xla_tensors_hlo(tensors: Sequence[torch.Tensor]) -> str:
 
 def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     """PyTorch/XLA's per-tensor debug text, with torch_spmd's facts: the device, the global
-    shape, the sharding (``None`` when it has none: an unannotated upload), then either the
-    pending op that computes it (``IR:``) or its data on the devices (``XLAShardedData`` /
-    ``XLAData``, with its layout and the number of device shards). torch_spmd uploads at
-    ``.to()``, so ``Tensor on host`` is always None (PyTorch/XLA's virtual device may hold a
-    tensor on the host until it is annotated)."""
+    shape, the sharding (``None`` when it has none: an unannotated upload), then one of: the
+    pending op that computes it (``IR:``); its data on the devices (``IR: xla::device_data()``,
+    ``XLAShardedData`` / ``XLAData`` with its layout and the number of device shards); or, for
+    a tensor moved to the device and not used or annotated yet, ``Tensor on host: with size
+    [...]`` (held on the host, as PyTorch/XLA's SPMD virtual device holds it)."""
     t = _plain(t)
     lines = _get_xla_tensors_text([t]).splitlines()
     output = lines[-1].split(": ", 1)[1].split(",")[0].strip()
@@ -73,14 +73,18 @@ def _get_xla_tensor_debug_info(t: torch.Tensor) -> str:
     spec = _C._get_sharding_spec(t) or None
     device = f"SPMD:{_device.device().index or 0}"
     info = ["XLATensor {", f"Device: {device}", f"XLA Shape: {shape}", f"ShardingSpec: {spec}"]
-    if "= spmd::device_data()" in node:
+    on_host = "None"
+    if _C._held_on_host(t):
+        info += ["IR: None", "XLAData: None"]
+        on_host = "with size [" + ", ".join(str(d) for d in t.shape) + "]"
+    elif "= spmd::device_data()" in node:
         kind = "XLAShardedData" if spec else "XLAData"
-        info += ["IR: None", f"{kind}: ", f"  Data Device: {device}", f"  Data Shape: {shape}",
-                 f"  OpSharding: {spec or '{replicated}'}",
+        info += ["IR: xla::device_data()", f"{kind}: ", f"  Data Device: {device}",
+                 f"  Data Shape: {shape}", f"  OpSharding: {spec or '{replicated}'}",
                  f"  NumShards: {_xr.global_runtime_device_count()}"]
     else:
         info += [f"IR: {node.split(' = ', 1)[1]}", "XLAData: None"]
-    info += ["Tensor on host: None", "}"]
+    info += [f"Tensor on host: {on_host}", "}"]
     return "\n".join(info) + "\n"
 
 
