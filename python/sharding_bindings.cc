@@ -28,6 +28,17 @@ void BindSharding(py::module_& m) {
       py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
       py::arg("dim_axes"),
       "Annotates an spmd tensor in place: dim_axes[d] lists the mesh axes tiling dim d.");
+  m.def(
+      "_constrain_sharding",
+      [](const at::Tensor& t, const std::vector<int64_t>& device_ids,
+         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
+         const std::vector<std::vector<int>>& dim_axes) {
+        aten::ConstrainSharding(t, MakeSharding(device_ids, mesh_shape, axis_names, dim_axes));
+      },
+      py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
+      py::arg("dim_axes"),
+      "Annotates an spmd tensor in place with a sharding constraint on its current value "
+      "(device data keeps its layout until the step reshards it).");
   // A search's relayout of many tensors on one mesh (auto_shard): the device ids are converted
   // and the mesh interned once, not per tensor (2048 ids per call cost 6% of a 70B search).
   m.def(

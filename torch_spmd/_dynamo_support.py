@@ -169,26 +169,151 @@ class _Replayer:
 
 def _backend(run_outputs: bool):
     """A dynamo backend: AOTAutograd splits each captured graph into forward and backward
-    graphs of ATen ops, and each is replayed (``_Replayer``)."""
+    graphs of ATen ops, and each is replayed (``_Replayer``); a training graph whose calls
+    AOTAutograd's runtime only forwards is then called through ``_Region``'s own lean
+    autograd function."""
     from torch._dynamo.backends.common import aot_autograd
-
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        replay = _Replayer(gm, run_outputs)
-        replay._boxed_call = True
-        return replay
-
-    # keep_inference_input_mutations: updates of inputs that autograd does not see (BatchNorm's
-    # running stats) stay in the graph as copy_ into the input, which replay writes again, as
-    # aot_eager and inductor keep them. Left to AOTAutograd's epilogue, the forward saved the
-    # stats for the backward and the epilogue's update then failed the backward's version
-    # check under activation checkpointing.
-    compile_aot = aot_autograd(fw_compiler=compile_graph, keep_inference_input_mutations=True)
 
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         _read_annotated_values(gm)
-        return compile_aot(gm, example_inputs)
+        region = _Region(run_outputs)
+        # keep_inference_input_mutations: updates of inputs that autograd does not see
+        # (BatchNorm's running stats) stay in the graph as copy_ into the input, which replay
+        # writes again, as aot_eager and inductor keep them. Left to AOTAutograd's epilogue,
+        # the forward saved the stats for the backward and the epilogue's update then failed
+        # the backward's version check under activation checkpointing.
+        compiled = aot_autograd(fw_compiler=region.compile_forward,
+                                bw_compiler=region.compile_backward,
+                                inference_compiler=region.compile_inference,
+                                keep_inference_input_mutations=True)(gm, example_inputs)
+        if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+            return compiled  # (inputs flattened by dynamo's wrapper: AOTAutograd's runtime)
+        region.aot = compiled
+        return region
 
     return compile_fn
+
+
+class _Region:
+    """One dynamo graph compiled through AOTAutograd. Calls go through AOTAutograd's runtime
+    until its forward and backward graphs have both been captured for replay; from then on, a
+    training graph whose runtime has nothing to do but call them (no input mutation, no output
+    aliasing an input or another output, no symbolic sizes saved, no RNG or effect tokens: see
+    ``_lean_plan``) is called through ``_LeanFunction``, one autograd function that runs the
+    forward template and saves its activations, and whose backward runs the backward
+    template: AOTAutograd's wrappers cost as much host time per call as the replay itself.
+    ``SPMD_COMPILE_LEAN=0`` keeps AOTAutograd's runtime."""
+
+    def __init__(self, run_outputs: bool):
+        import os
+        self.run_outputs = run_outputs
+        self.aot = None
+        self.forward = self.backward = None
+        self.meta = None
+        self.num_forward_inputs = self.num_forward_outputs = -1
+        self.num_backward_inputs = self.num_backward_outputs = -1
+        self.lean = None if os.environ.get("SPMD_COMPILE_LEAN", "1") != "0" else False
+
+    def _replayer(self, gm):
+        replay = _Replayer(gm, self.run_outputs)
+        replay._boxed_call = True
+        return replay
+
+    @staticmethod
+    def _placeholders(gm) -> int:
+        return sum(1 for node in gm.graph.nodes if node.op == "placeholder")
+
+    @staticmethod
+    def _outputs(gm) -> int:
+        out = next(node for node in gm.graph.nodes if node.op == "output").args[0]
+        return len(out) if isinstance(out, (list, tuple)) else -1
+
+    def compile_forward(self, gm, example_inputs):
+        self.forward = self._replayer(gm)
+        self.num_forward_inputs = self._placeholders(gm)
+        self.num_forward_outputs = self._outputs(gm)
+        self.meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+        return self.forward
+
+    def compile_backward(self, gm, example_inputs):
+        self.backward = self._replayer(gm)
+        self.num_backward_inputs = self._placeholders(gm)
+        self.num_backward_outputs = self._outputs(gm)
+        return self.backward
+
+    def compile_inference(self, gm, example_inputs):
+        self.lean = False  # (an inference graph: AOTAutograd's runtime is thin there)
+        return self._replayer(gm)
+
+    def __call__(self, *args):
+        if self.lean is None and self.backward is not None and self.backward.templates:
+            self.lean = _lean_plan(self, args)
+        if self.lean and torch.is_grad_enabled():
+            out = _LeanFunction.apply(self, *args)
+            return list(out) if isinstance(out, tuple) else [out]
+        return self.aot(*args)
+
+
+def _lean_plan(region: _Region, args) -> object:
+    """What ``_LeanFunction`` needs to call the region's graphs as AOTAutograd's runtime would,
+    or False where that runtime does more than call them."""
+    meta = region.meta
+    try:
+        outputs = list(meta.output_info)
+        saved = meta.tensors_saved_for_backwards_slice
+        simple = (meta.num_mutated_inp_runtime_indices == 0 and meta.num_intermediate_bases == 0
+                  and not meta.is_rng_op_functionalized and not meta.tokens
+                  and not getattr(meta, "num_backward_tokens", 0)
+                  and meta.symints_saved_for_backwards_slice == slice(0, 0)
+                  and not getattr(meta, "num_opaque_objects_saved_for_bw", 0)
+                  and all(o.output_type.name == "non_alias" for o in outputs)
+                  and meta.num_forward_returns == len(outputs) == meta.num_outputs)
+    except (AttributeError, AssertionError, TypeError):
+        return False  # (another torch's metadata)
+    if not simple or not region.forward.templates:
+        return False
+    grads = tuple(bool(getattr(o, "requires_grad_for_backward", o.requires_grad)) for o in outputs)
+    num_saved = len(range(*saved.indices(max(region.num_forward_outputs, 0))))
+    if (len(args) != region.num_forward_inputs or region.num_backward_outputs != len(args)
+            or region.num_backward_inputs != num_saved + sum(grads)
+            or not all(isinstance(a, torch.Tensor) for a in args)):
+        return False
+    return _LeanPlan(num_outputs=len(outputs), saved=saved, tangents=grads,
+                     differentiable=tuple(bool(o.requires_grad) for o in outputs))
+
+
+class _LeanPlan:
+    def __init__(self, num_outputs, saved, tangents, differentiable):
+        self.num_outputs, self.saved = num_outputs, saved
+        self.tangents, self.differentiable = tangents, differentiable
+
+
+class _LeanFunction(torch.autograd.Function):
+    """A region's forward template and backward template as one autograd function (see
+    ``_Region``): the forward graph's outputs are the user's outputs and then the activations
+    the backward graph takes before the gradients of the outputs that need them; the backward
+    graph returns a gradient (or None) per forward input."""
+
+    @staticmethod
+    def forward(ctx, region, *args):
+        plan = region.lean
+        with torch._C._DisableAutocast():  # (the graphs were traced with autocast applied)
+            outs = region.forward(list(args))
+        user = outs[:plan.num_outputs]
+        ctx.region = region
+        ctx.save_for_backward(*outs[plan.saved])
+        ctx.mark_non_differentiable(*[o for o, d in zip(user, plan.differentiable)
+                                      if not d and isinstance(o, torch.Tensor)])
+        return tuple(user)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        region = ctx.region
+        tangents = [g.contiguous() for g, t in zip(grads, region.lean.tangents) if t]
+        with torch._C._DisableAutocast():
+            out = region.backward([*ctx.saved_tensors, *tangents])
+        return (None, *out)
 
 
 def _read_annotated_values(gm: torch.fx.GraphModule) -> None:
@@ -231,6 +356,7 @@ def _register_backends() -> None:
         registry._BACKENDS[name] = None
         registry._COMPILER_FNS[name] = _backend(run_outputs)
         registry._COMPILER_FNS[name]._tags = ()
+    _capturable_optimizers_on_spmd()
 
 
 def _compile_registering_backends(compile_fn):
@@ -298,6 +424,26 @@ def _refuse_inductor_on_spmd_tensors() -> None:
         return call(self, model_, inputs_)
 
     wrapper.__call__ = checked
+
+
+def _capturable_optimizers_on_spmd() -> None:
+    """A compiled optimizer step on spmd parameters runs the capturable algorithm, as dynamo
+    makes it run on CUDA: its step counts are then spmd tensors, so the step's graph replays
+    (a 0-dim CPU step count is an input the template cannot take: the graph's ops ran at every
+    call, 3x slower than the lazy step). Set, as torch sets it, only on parameter groups whose
+    state is not initialized yet and only where the optimizer has the option."""
+    from torch._dynamo.variables import optimizer
+    set_capturable = optimizer.OptimizerVariable._set_capturable
+
+    def spmd_capturable(self, tx, *args, **kwargs):
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if ("capturable" in group and params and
+                    all(p.device.type == "spmd" and p not in self.value.state for p in params)):
+                group["capturable"] = True
+        return set_capturable(self, tx, *args, **kwargs)
+
+    optimizer.OptimizerVariable._set_capturable = spmd_capturable
 
 
 def install() -> None:

@@ -27,6 +27,17 @@ runtime::DeviceDataPtr DataOf(const ir::Value& v) {
 
 bool IsReplicatedOrNone(const Sharding& s) { return !s.valid() || s.IsReplicated(); }
 
+// Constrains the slot's value to `sharding` in the graph (propagation treats it as a user
+// annotation): a constraint already there is replaced, not stacked.
+void Constrain(const SlotPtr& slot, const Sharding& sharding) {
+  ir::Value input = slot->value;
+  if (input.node->op() == ir::InternalOps::Get().sharding_constraint) input = input.node->input(0);
+  ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().sharding_constraint, {input},
+                                  {ir::Arg::Tensor(0)}, {input.type()});
+  node->set_shardings({sharding});
+  SetSlotValue(slot, ir::Value{node, 0});
+}
+
 }  // namespace
 
 MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
@@ -63,13 +74,18 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
     SetSlotValue(slot, ir::Value{ir::MakeDataNode(data->Relayout(sharding)), 0});
     return;
   }
-  // A pending value: constrain it in the graph (propagation treats it as a user annotation).
-  ir::Value input = slot->value;
-  if (input.node->op() == ir::InternalOps::Get().sharding_constraint) input = input.node->input(0);
-  ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().sharding_constraint, {input},
-                                  {ir::Arg::Tensor(0)}, {type});
-  node->set_shardings({sharding});
-  SetSlotValue(slot, ir::Value{node, 0});
+  Constrain(slot, sharding);
+}
+
+void ConstrainSharding(const at::Tensor& t, const Sharding& sharding) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  LazyImpl* impl = GetLazyImpl(t, "annotate_custom_sharding");
+  const SlotPtr& slot = impl->slot();
+  TORCH_CHECK(sharding.rank() == slot->value.type().rank(), "sharding rank ", sharding.rank(),
+              " does not match the tensor rank ", slot->value.type().rank());
+  Count("MarkSharding");
+  slot->annotation = sharding;
+  Constrain(slot, sharding);
 }
 
 void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {
@@ -86,10 +102,7 @@ void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {
       SetSlotValue(slot, ir::Value{ir::MakeDataNode(data->Relayout(sharding)), 0});
     return;
   }
-  ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().sharding_constraint, {slot->value},
-                                  {ir::Arg::Tensor(0)}, {slot->value.type()});
-  node->set_shardings({sharding});
-  SetSlotValue(slot, ir::Value{node, 0});
+  Constrain(slot, sharding);
 }
 
 void ApplyQueuedUpdates(const at::Tensor& t) {

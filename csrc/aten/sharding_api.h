@@ -18,6 +18,10 @@ MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
 // only its shard); a pending value gets a sharding constraint node. Re-annotating device data
 // with a different non-replicated sharding raises, as in PyTorch/XLA.
 void MarkSharding(const at::Tensor& t, const Sharding& sharding);
+// PyTorch/XLA's annotate_custom_sharding: annotates `t` in place with a sharding constraint on
+// its current value, device data included (which keeps its layout until the step computes the
+// constrained value, resharding it there), instead of laying the data out now.
+void ConstrainSharding(const at::Tensor& t, const Sharding& sharding);
 // After an in-place op replaced the value behind a functional tensor: the new value takes the
 // annotation of the one it replaced (`previous`), so the tensor keeps the user's layout.
 void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated);

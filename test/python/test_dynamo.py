@@ -194,6 +194,26 @@ def test_a_compiled_optimizer_step_writes_the_parameters_at_each_replay(mesh):
         torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
+def test_a_compiled_default_optimizer_step_is_capturable_and_replayed(mesh, optimizer):
+    """As dynamo does for CUDA parameters, a compiled step of an optimizer with the option runs
+    the capturable algorithm on spmd parameters: its step counts live on the device (a CPU
+    count is a graph input a template cannot take, and the step's ops ran at every call)."""
+    torch.manual_seed(0)
+    cpu, dev = MLP(), MLP()
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to(DEV)
+    opt_cpu, opt_dev = optimizer(cpu.parameters(), lr=1e-2), optimizer(dev.parameters(), lr=1e-2)
+    step = torch.compile(opt_dev.step, backend="spmd")
+    replays = _C._counter_value("GraphTemplateReplays")
+    _train_beside_cpu(dev, dev, step, cpu, opt_cpu, mesh, 4, 32)
+    assert _C._counter_value("GraphTemplateReplays") - replays == 3
+    assert opt_dev.param_groups[0]["capturable"] and not opt_cpu.param_groups[0]["capturable"]
+    assert all(s["step"].device.type == "spmd" for s in opt_dev.state.values())
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
     """A literal made on the device inside the compiled function becomes a tensor constant of
     AOTAutograd's graph (get_attr), made before the call: the template takes it as an input

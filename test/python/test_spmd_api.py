@@ -318,6 +318,29 @@ def test_repeated_mark_sharding_rules():
     assert torch.equal(t.cpu(), x)
 
 
+def test_annotate_custom_sharding_constrains_sharded_device_data():
+    # PyTorch/XLA's custom sharding annotation: where mark_sharding refuses another sharding,
+    # annotate_custom_sharding constrains the current value; the data keeps its layout until
+    # the step reshards it, and the tensor keeps the new sharding from then on.
+    x = torch.randn(2, 4, 64, 64)
+    t = dev_tensor(x)
+    xs.mark_sharding(t, Mesh(np.arange(N), (1, 1, 4, 2)), (0, 1, 2, 3))
+    with pytest.raises(RuntimeError, match="Existing annotation must be cleared first"):
+        xs.mark_sharding(t, Mesh(np.arange(N), (1, 1, 1, N)), (0, 1, 2, 3))
+    st = xs.annotate_custom_sharding(t, Mesh(np.arange(N), (1, 1, 1, N)), (0, 1, 2, 3))
+    assert isinstance(st, XLAShardedTensor) and st.global_tensor is t
+    want = "{devices=[1,1,1,%d]%s}" % (N, ",".join(map(str, range(N))))
+    assert spec_of(t) == want
+    text = _C._graph_text([t])
+    assert "spmd::sharding_constraint" in text and "{devices=[1,1,4,2]" in text  # not moved yet
+    xm.mark_step()
+    assert spec_of(t) == want and "sharding_constraint" not in _C._graph_text([t])
+    assert [s.data.shape for s in st.local_shards] == [torch.Size([2, 4, 64, 64 // N])] * N
+    assert torch.equal(t.cpu(), x)
+    u = (t * 2).sum(-1)
+    torch.testing.assert_close(u.cpu(), (x * 2).sum(-1))
+
+
 def test_mark_sharding_accepts_wrapper_and_clear_returns_plain_tensor():
     mesh = mesh_4x2()
     x = torch.randn(8, 4)

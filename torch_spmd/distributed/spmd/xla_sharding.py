@@ -249,29 +249,26 @@ def mark_sharding_with_gradients(t: Union[torch.Tensor, XLAShardedTensor], mesh:
 
 def annotate_custom_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
                              partition_spec: PartitionSpec) -> XLAShardedTensor:
-    """PyTorch/XLA adds a sharding annotation node without moving ``t``'s data.
-
-    Here: a pending value (or an unannotated tensor) is annotated as ``mark_sharding`` would, and
-    a tensor that already has that sharding is left as it is. Re-annotating device data that has
-    a *different* sharding, without re-laying it out, needs a constraint node on existing device
-    data, which torch_spmd's C++ layer does not offer: NotImplementedError.
-    """
+    """Annotates ``t`` in place with a sharding constraint on its current value, as PyTorch/XLA
+    adds a custom sharding node: unlike ``mark_sharding``, a tensor that already has another
+    sharding may be annotated, and its device data is not laid out again now; the step that
+    computes the constrained value reshards it (with the collectives that takes), and the tensor
+    keeps the new sharding from then on. Returns ``t`` wrapped as an XLAShardedTensor."""
+    partition_spec = _partition_spec.normalize(partition_spec)
     assert len(t.shape) == len(partition_spec), \
         (f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
          f"({len(t.shape)}).")
+    num_devices = xr.global_runtime_device_count()
+    assert mesh.size() == num_devices, \
+        f"{mesh.mesh_shape} is not mappable over {num_devices} devices."
     tensor = unwrap_sharded_tensor(t)
     _check_spmd_tensor(tensor, "annotate_custom_sharding")
-    current = _C._get_sharding_spec(tensor)
-    wanted = mesh.get_op_sharding(_partition_spec.normalize(partition_spec))
-    if current not in ("", wanted):
-        raise NotImplementedError(
-            "annotate_custom_sharding: the tensor already has the sharding " + current +
-            "; annotating it as " + wanted + " without re-laying out its data needs a sharding "
-            "constraint node on existing device data, which torch_spmd does not implement. Use "
-            "mark_sharding_with_gradients(t, mesh, spec) (a constrained copy) instead.")
-    if current == "":
-        mark_sharding(tensor, mesh, partition_spec)
-    return wrap_as_sharded_tensor(t, mesh.mesh_shape, _partition_spec.normalize(partition_spec))
+    _C._constrain_sharding(tensor, *mesh._sharding_args(partition_spec))
+    wrapper = wrap_as_sharded_tensor(t if isinstance(t, XLAShardedTensor) else tensor,
+                                     mesh.mesh_shape, partition_spec)
+    wrapper._mesh = mesh
+    wrapper._device_mesh = None
+    return wrapper
 
 
 def shard_as(a, b):
