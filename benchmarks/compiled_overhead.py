@@ -22,12 +22,15 @@ import subprocess
 import sys
 import time
 
-STEPS, WARMUP = 30, 5
+STEPS, WARMUP, ROUNDS = 30, 5, 5
 ROWS = [
     ("lazy", "lazy", {}),
     ("compiled, backend='spmd' (replayed)", "spmd", {}),
+    ("compiled, backend='spmd' (replayed), AOTAutograd's runtime", "spmd",
+     {"SPMD_COMPILE_LEAN": "0"}),
     ("compiled, backend='spmd', replay off", "spmd", {"SPMD_COMPILE_REPLAY": "0"}),
     ("compiled, backend='openxla' (replayed)", "openxla", {}),
+    ("compiled, backend='spmd' (replayed), optimizer step compiled too", "spmd+opt", {}),
 ]
 
 
@@ -46,7 +49,10 @@ def measure(mode: str) -> dict:
     torch.manual_seed(0)
     model = GPT(cfg).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = model.loss if mode == "lazy" else torch.compile(model.loss, backend=mode)
+    backend = mode.split("+")[0]
+    loss_fn = model.loss if mode == "lazy" else torch.compile(model.loss, backend=backend)
+    # (A compiled step of Adam runs its capturable algorithm, as on CUDA: _dynamo_support.)
+    opt_step = torch.compile(opt.step, backend=backend) if mode.endswith("+opt") else opt.step
     tokens = torch.randint(0, cfg.vocab, (STEPS, cfg.batch, cfg.seq + 1),
                            generator=torch.Generator().manual_seed(0))
     # Time spent inside the replayed graphs' calls (torch_spmd's part of a compiled call; the
@@ -54,16 +60,22 @@ def measure(mode: str) -> dict:
     inside = [0.0]
     if mode != "lazy":
         from torch_spmd import _dynamo_support
-        call = _dynamo_support._Replayer.__call__
+        depth = [0]
 
-        def timed(self, args):
-            start = time.perf_counter()
-            try:
-                return call(self, args)
-            finally:
-                inside[0] += time.perf_counter() - start
+        def timed(call):
+            def run(self, *args):
+                depth[0] += 1
+                start = time.perf_counter()
+                try:
+                    return call(self, *args)
+                finally:
+                    depth[0] -= 1
+                    if not depth[0]:
+                        inside[0] += time.perf_counter() - start
+            return run
 
-        _dynamo_support._Replayer.__call__ = timed
+        for name in ("__call__", "replay_keeping", "replay_after"):
+            setattr(_dynamo_support._Replayer, name, timed(getattr(_dynamo_support._Replayer, name)))
     times, losses = [], []
     for tok in tokens:
         time.sleep(0.01)
@@ -76,11 +88,12 @@ def measure(mode: str) -> dict:
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
-        opt.step()
+        in_graphs = inside[0]  # (forward and backward: not the optimizer's graph)
+        opt_step()
         opt.zero_grad()
         t3 = time.perf_counter()
         xm.mark_step()
-        times.append((t1 - t0, t2 - t1, t3 - t2, inside[0]))
+        times.append((t1 - t0, t2 - t1, t3 - t2, in_graphs))
         losses.append(loss.item())
     steady = times[WARMUP:]
     best = [min(t[i] for t in steady) * 1e3 for i in range(4)]
@@ -95,23 +108,35 @@ def run_child(mode: str, env: dict) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def report(results) -> str:
-    lazy = results[0][1]
-    base_region = lazy["forward"] + lazy["backward"]
-    base_step = base_region + lazy["optimizer"]
+def report(runs) -> str:
+    """runs[round][row]: each row's medians over the rounds, and its ratio to lazy as the
+    median over the rounds of the ratio within a round (the machine's speed drifts between
+    rounds; within one, the rows ran back to back)."""
+    import statistics
+    med = statistics.median
+
+    def region(r):
+        return r["forward"] + r["backward"]
+
+    def step(r):
+        return region(r) + r["optimizer"]
+
     lines = ["| run | forward (ms) | backward (ms) | forward + backward (ms) | lazy / this "
              "| of which in the graphs' calls (ms) | optimizer (ms) | step (ms) | lazy / this "
              "| losses vs lazy |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for name, r in results:
-        region = r["forward"] + r["backward"]
-        step = region + r["optimizer"]
-        worst = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], lazy["losses"]))
-        lines.append(f"| {name} | {r['forward']:.2f} | {r['backward']:.2f} | {region:.2f} | "
-                     f"{base_region / region:.2f}x | "
-                     f"{'-' if name == 'lazy' else format(r['replay'], '.2f')} | "
-                     f"{r['optimizer']:.2f} | {step:.2f} | "
-                     f"{base_step / step:.2f}x | {STEPS} steps, max rel. diff {worst:.1e} |")
+    lazy_losses = runs[0][0]["losses"]
+    for i, (name, _, _) in enumerate(ROWS):
+        mine = [rnd[i] for rnd in runs]
+        col = {k: med(r[k] for r in mine) for k in ("forward", "backward", "optimizer", "replay")}
+        ratio_region = med(region(rnd[0]) / region(rnd[i]) for rnd in runs)
+        ratio_step = med(step(rnd[0]) / step(rnd[i]) for rnd in runs)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(mine[0]["losses"], lazy_losses))
+        lines.append(f"| {name} | {col['forward']:.2f} | {col['backward']:.2f} | "
+                     f"{col['forward'] + col['backward']:.2f} | {ratio_region:.2f}x | "
+                     f"{'-' if i == 0 else format(col['replay'], '.2f')} | "
+                     f"{col['optimizer']:.2f} | {step(col):.2f} | {ratio_step:.2f}x | "
+                     f"{STEPS} steps, max rel. diff {worst:.1e} |")
     return "\n".join(lines)
 
 
@@ -123,8 +148,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    results = [(name, run_child(mode, env)) for name, mode, env in ROWS]
-    table = report(results)
+    # Rounds: every row back to back, ROUNDS times (see report).
+    runs = [[run_child(mode, env) for _, mode, env in ROWS] for _ in range(ROUNDS)]
+    table = report(runs)
     print(table)
     if args.write:
         import torch

@@ -8,11 +8,55 @@ namespace spmd {
 
 namespace py = pybind11;
 
+namespace {
+
+// Values kept from one instantiation for another (GraphTemplate::Values), opaque to Python.
+struct KeptValues {
+  aten::GraphTemplate::Values values;
+};
+
+}  // namespace
+
 void BindGraphTemplates(py::module_& m) {
+  py::class_<KeptValues>(m, "_KeptValues")
+      .def(py::init([](const std::vector<at::Tensor>& tensors) {
+             std::lock_guard<std::recursive_mutex> lock(aten::GraphMutex());
+             KeptValues kept;
+             for (const at::Tensor& t : tensors)
+               kept.values.push_back(aten::GetLazyImpl(t, "a kept value")->slot()->value);
+             return kept;
+           }), "The current values of spmd tensors.")
+      .def("tensors", [](const KeptValues& kept) {
+             std::lock_guard<std::recursive_mutex> lock(aten::GraphMutex());
+             std::vector<at::Tensor> out;
+             for (const ir::Value& v : kept.values) out.push_back(aten::MakeFunctionalLazyTensor(v));
+             return out;
+           }, "The values as spmd tensors.")
+      .def("__len__", [](const KeptValues& kept) { return kept.values.size(); });
   py::class_<aten::GraphTemplate, std::shared_ptr<aten::GraphTemplate>>(m, "_GraphTemplate")
       .def("instantiate", &aten::GraphTemplate::Instantiate,
            "The region's outputs from these inputs; None when they do not match the capture's.")
-      .def_property_readonly("num_nodes", &aten::GraphTemplate::num_nodes);
+      .def("instantiate_keeping",
+           [](const aten::GraphTemplate& tmpl, const std::vector<at::Tensor>& inputs,
+              const std::vector<int>& returned,
+              const std::vector<std::pair<int, int>>& kept) -> py::object {
+             std::vector<std::pair<aten::GraphTemplate::KeptFrom, int>> refs;
+             for (const auto& [from, i] : kept)
+               refs.emplace_back(static_cast<aten::GraphTemplate::KeptFrom>(from), i);
+             auto made = tmpl.InstantiateKeeping(inputs, returned, refs);
+             if (!made) return py::none();
+             return py::make_tuple(made->first, KeptValues{std::move(made->second)});
+           },
+           "(the outputs `returned` (indices), the values `kept` refers to ((0, output) or "
+           "(1, input) pairs) as _KeptValues), or None as instantiate.")
+      .def("instantiate_after",
+           [](const aten::GraphTemplate& tmpl, const KeptValues& kept,
+              const std::vector<at::Tensor>& inputs) {
+             return tmpl.InstantiateAfter(kept.values, inputs);
+           },
+           "instantiate with the kept values as the first inputs.")
+      .def_property_readonly("num_nodes", &aten::GraphTemplate::num_nodes)
+      .def_property_readonly("num_outputs", &aten::GraphTemplate::num_outputs);
   py::class_<aten::TemplateCapture>(m, "_TemplateCapture")
       .def(py::init<std::vector<at::Tensor>>())
       .def("finish", [](aten::TemplateCapture& capture, const std::vector<at::Tensor>& outputs) {

@@ -79,6 +79,7 @@ class _Replayer:
                 if isinstance(value, torch.Tensor) and value.device.type == "spmd":
                     self.constants.append(value)
         self.templates = {}  # non-tensor arguments -> [(template, output plan)]
+        self._keeping = {}   # (id(template), first_kept) -> instantiate_keeping's references
         # SPMD_COMPILE_REPLAY=0 runs every call's ops (to compare, or to rule replay out)
         self.why_not = ("SPMD_COMPILE_REPLAY=0" if os.environ.get("SPMD_COMPILE_REPLAY", "1") == "0"
                         else None)
@@ -122,8 +123,50 @@ class _Replayer:
         else:
             bucket = self.templates.setdefault(key, [])
             if len(bucket) < self._MAX_TEMPLATES:
-                bucket.append((tmpl, plan))
+                identity = [kind_x for kind_x in plan] == [("new", j) for j in range(len(plan))]
+                bucket.append((tmpl, None if identity else plan))
         return self._finish(outputs)
+
+    def replay_keeping(self, args: list, first_kept: int):
+        """For a lean forward (``_LeanFunction``; arguments all spmd tensors, no constants):
+        ``(outputs[:first_kept], the rest as _C._KeptValues)``: the activations stay IR values
+        for the backward, never becoming tensors."""
+        for tmpl, plan in self.templates.get((None,) * len(args), ()):
+            refs = self._keeping_refs(tmpl, plan, first_kept)
+            if refs is None:
+                continue
+            made = tmpl.instantiate_keeping(args, *refs)
+            if made is not None:
+                outputs, kept = made
+                if self.run_outputs:
+                    _C._sync_tensors(outputs + kept.tensors())
+                return outputs, kept
+        outputs = self(args)
+        return outputs[:first_kept], _C._KeptValues(outputs[first_kept:])
+
+    def _keeping_refs(self, tmpl, plan, first_kept: int):
+        """The output plan as instantiate_keeping's (returned, kept), once per template; None
+        where a returned output is not the template's own or a kept one is not a tensor."""
+        key = (id(tmpl), first_kept)
+        if key not in self._keeping:
+            entries = plan if plan is not None else [("new", j) for j in range(tmpl.num_outputs)]
+            resolved = []
+            for kind, x in entries:
+                resolved.append(resolved[x] if kind == "out" else (kind, x))
+            returned = [x for kind, x in resolved[:first_kept] if kind == "new"]
+            kept = [(0 if kind == "new" else 1, x) for kind, x in resolved[first_kept:]
+                    if kind in ("new", "arg")]
+            ok = len(returned) == first_kept and len(kept) == len(resolved) - first_kept
+            self._keeping[key] = (returned, kept) if ok else None
+        return self._keeping[key]
+
+    def replay_after(self, kept, args: list):
+        """For a lean backward: ``self([*kept, *args])`` with the forward's kept values."""
+        for tmpl, plan in self.templates.get((None,) * (len(kept) + len(args)), ()):
+            made = tmpl.instantiate_after(kept, args)
+            if made is not None:
+                return self._finish(self._assemble(plan, args, made))
+        return self([*kept.tensors(), *args])
 
     def _run(self, args):
         return self._finish(self.gm(*args))
@@ -153,6 +196,8 @@ class _Replayer:
 
     @staticmethod
     def _assemble(plan, args, made):
+        if plan is None:  # (the outputs are the template's, in order)
+            return made
         outputs = []
         for kind, x in plan:
             outputs.append(made[x] if kind == "new" else args[x] if kind == "arg"
@@ -250,7 +295,7 @@ class _Region:
             self.lean = _lean_plan(self, args)
         if self.lean and torch.is_grad_enabled():
             out = _LeanFunction.apply(self, *args)
-            return list(out) if isinstance(out, tuple) else [out]
+            return out if isinstance(out, tuple) else (out,)
         return self.aot(*args)
 
 
@@ -270,22 +315,24 @@ def _lean_plan(region: _Region, args) -> object:
                   and meta.num_forward_returns == len(outputs) == meta.num_outputs)
     except (AttributeError, AssertionError, TypeError):
         return False  # (another torch's metadata)
-    if not simple or not region.forward.templates:
+    if (not simple or not region.forward.templates or region.forward.constants
+            or region.backward.constants):
         return False
     grads = tuple(bool(getattr(o, "requires_grad_for_backward", o.requires_grad)) for o in outputs)
-    num_saved = len(range(*saved.indices(max(region.num_forward_outputs, 0))))
-    if (len(args) != region.num_forward_inputs or region.num_backward_outputs != len(args)
+    # The activations: every forward output after the user's (kept for the backward as values).
+    num_saved = region.num_forward_outputs - len(outputs)
+    if (saved.indices(region.num_forward_outputs)[:2] != (len(outputs), region.num_forward_outputs)
+            or len(args) != region.num_forward_inputs or region.num_backward_outputs != len(args)
             or region.num_backward_inputs != num_saved + sum(grads)
             or not all(isinstance(a, torch.Tensor) for a in args)):
         return False
-    return _LeanPlan(num_outputs=len(outputs), saved=saved, tangents=grads,
+    return _LeanPlan(num_outputs=len(outputs), tangents=grads,
                      differentiable=tuple(bool(o.requires_grad) for o in outputs))
 
 
 class _LeanPlan:
-    def __init__(self, num_outputs, saved, tangents, differentiable):
-        self.num_outputs, self.saved = num_outputs, saved
-        self.tangents, self.differentiable = tangents, differentiable
+    def __init__(self, num_outputs, tangents, differentiable):
+        self.num_outputs, self.tangents, self.differentiable = num_outputs, tangents, differentiable
 
 
 class _LeanFunction(torch.autograd.Function):
@@ -297,11 +344,12 @@ class _LeanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, region, *args):
         plan = region.lean
-        with torch._C._DisableAutocast():  # (the graphs were traced with autocast applied)
-            outs = region.forward(list(args))
-        user = outs[:plan.num_outputs]
+        if torch._C._is_any_autocast_enabled():  # (the graphs were traced with it applied)
+            with torch._C._DisableAutocast():
+                user, ctx.kept = region.forward.replay_keeping(list(args), plan.num_outputs)
+        else:
+            user, ctx.kept = region.forward.replay_keeping(list(args), plan.num_outputs)
         ctx.region = region
-        ctx.save_for_backward(*outs[plan.saved])
         ctx.mark_non_differentiable(*[o for o, d in zip(user, plan.differentiable)
                                       if not d and isinstance(o, torch.Tensor)])
         return tuple(user)
@@ -311,8 +359,11 @@ class _LeanFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         region = ctx.region
         tangents = [g.contiguous() for g, t in zip(grads, region.lean.tangents) if t]
-        with torch._C._DisableAutocast():
-            out = region.backward([*ctx.saved_tensors, *tangents])
+        if torch._C._is_any_autocast_enabled():
+            with torch._C._DisableAutocast():
+                out = region.backward.replay_after(ctx.kept, tangents)
+        else:
+            out = region.backward.replay_after(ctx.kept, tangents)
         return (None, *out)
 
 

@@ -154,31 +154,38 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
   return tmpl;
 }
 
-std::optional<std::vector<at::Tensor>> GraphTemplate::Instantiate(
-    const std::vector<at::Tensor>& inputs) const {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  if (inputs.size() != input_types_.size()) return std::nullopt;
-  std::vector<ir::Value> values;
-  values.reserve(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    LazyImpl* impl = TryGetLazyImpl(inputs[i]);
+std::optional<GraphTemplate::Values> GraphTemplate::InputValues(
+    const Values& leading, const std::vector<at::Tensor>& inputs) const {
+  if (leading.size() + inputs.size() != input_types_.size()) return std::nullopt;
+  Values values(leading);
+  values.reserve(input_types_.size());
+  for (const at::Tensor& t : inputs) {
+    LazyImpl* impl = TryGetLazyImpl(t);
     if (!impl) return std::nullopt;
-    const ir::Value& v = impl->slot()->value;
-    if (!(v.type() == input_types_[i])) return std::nullopt;
-    values.push_back(v);
+    values.push_back(impl->slot()->value);
   }
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!(values[i].type() == input_types_[i])) return std::nullopt;
   // The same value where the capture had the same value, and distinct values elsewhere.
   std::unordered_map<ir::Value, int, ValueHash> first;
   for (size_t i = 0; i < values.size(); ++i) {
     auto [it, fresh] = first.emplace(values[i], static_cast<int>(i));
     if ((fresh ? -1 : it->second) != input_same_as_[i]) return std::nullopt;
   }
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     if (!input_annotations_[i].valid()) continue;
-    MarkSharding(inputs[i], input_annotations_[i]);
-    values[i] = TryGetLazyImpl(inputs[i])->slot()->value;
+    if (i < leading.size()) return std::nullopt;
+    const at::Tensor& t = inputs[i - leading.size()];
+    MarkSharding(t, input_annotations_[i]);
+    values[i] = TryGetLazyImpl(t)->slot()->value;
   }
+  for (const auto& [input, ref] : writes_)
+    if (static_cast<size_t>(input) < leading.size()) return std::nullopt;
+  return values;
+}
 
+GraphTemplate::Values GraphTemplate::Build(const Values& values, size_t num_leading,
+                                           const std::vector<at::Tensor>& inputs) const {
   std::vector<ir::NodePtr> made;
   made.reserve(nodes_.size());
   auto value_of = [&](const Ref& r) -> ir::Value {
@@ -202,26 +209,68 @@ std::optional<std::vector<at::Tensor>> GraphTemplate::Instantiate(
     made.push_back(std::move(node));
   }
   for (const auto& [input, ref] : writes_) {  // after every node read the inputs' values
-    const SlotPtr& slot = TryGetLazyImpl(inputs[input])->slot();
-    if (at::functionalization::impl::isFunctionalTensor(inputs[input]))
-      CommitInPlace(inputs[input], MakeLazyTensor(value_of(ref)), slot);
+    const at::Tensor& t = inputs[input - num_leading];
+    const SlotPtr& slot = TryGetLazyImpl(t)->slot();
+    if (at::functionalization::impl::isFunctionalTensor(t))
+      CommitInPlace(t, MakeLazyTensor(value_of(ref)), slot);
     else
       SetSlotValue(slot, value_of(ref));
   }
-  std::vector<at::Tensor> outputs;
+  Values outputs;
   outputs.reserve(outputs_.size());
-  for (const OutputSpec& out : outputs_) {
-    at::Tensor t = MakeLazyTensor(value_of(out.ref));
-    auto* impl = static_cast<LazyImpl*>(t.unsafeGetTensorImpl());
-    if (impl->strides() != c10::IntArrayRef(out.strides) || out.storage_offset != 0) {
-      impl->set_sizes_and_strides(out.sizes, out.strides);
-      impl->set_storage_offset(out.storage_offset);
-    }
-    impl->slot()->annotation = out.annotation;
-    outputs.push_back(out.functional ? at::functionalization::impl::to_functional_tensor(t) : t);
-  }
+  for (const OutputSpec& out : outputs_) outputs.push_back(value_of(out.ref));
   Count("GraphTemplateReplays");
   return outputs;
+}
+
+at::Tensor GraphTemplate::OutputTensor(const OutputSpec& out, const ir::Value& value) const {
+  at::Tensor t = MakeLazyTensor(value);
+  auto* impl = static_cast<LazyImpl*>(t.unsafeGetTensorImpl());
+  if (impl->strides() != c10::IntArrayRef(out.strides) || out.storage_offset != 0) {
+    impl->set_sizes_and_strides(out.sizes, out.strides);
+    impl->set_storage_offset(out.storage_offset);
+  }
+  impl->slot()->annotation = out.annotation;
+  return out.functional ? at::functionalization::impl::to_functional_tensor(t) : t;
+}
+
+std::optional<std::vector<at::Tensor>> GraphTemplate::Instantiate(
+    const std::vector<at::Tensor>& inputs) const {
+  return InstantiateAfter({}, inputs);
+}
+
+std::optional<std::vector<at::Tensor>> GraphTemplate::InstantiateAfter(
+    const Values& leading, const std::vector<at::Tensor>& inputs) const {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::optional<Values> values = InputValues(leading, inputs);
+  if (!values) return std::nullopt;
+  Values made = Build(*values, leading.size(), inputs);
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(made.size());
+  for (size_t k = 0; k < made.size(); ++k) outputs.push_back(OutputTensor(outputs_[k], made[k]));
+  return outputs;
+}
+
+std::optional<std::pair<std::vector<at::Tensor>, GraphTemplate::Values>>
+GraphTemplate::InstantiateKeeping(const std::vector<at::Tensor>& inputs,
+                                  const std::vector<int>& returned,
+                                  const std::vector<std::pair<KeptFrom, int>>& kept) const {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  auto valid = [](int i, size_t n) { return i >= 0 && static_cast<size_t>(i) < n; };
+  for (int k : returned)
+    if (!valid(k, outputs_.size())) return std::nullopt;
+  for (const auto& [from, i] : kept)
+    if (!valid(i, from == KeptFrom::kOutput ? outputs_.size() : inputs.size())) return std::nullopt;
+  std::optional<Values> values = InputValues({}, inputs);
+  if (!values) return std::nullopt;
+  Values made = Build(*values, 0, inputs);
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(returned.size());
+  for (int k : returned) outputs.push_back(OutputTensor(outputs_[k], made[k]));
+  Values keep;
+  keep.reserve(kept.size());
+  for (const auto& [from, i] : kept) keep.push_back(from == KeptFrom::kOutput ? made[i] : (*values)[i]);
+  return std::make_pair(std::move(outputs), std::move(keep));
 }
 
 }  // namespace spmd::aten

@@ -62,9 +62,33 @@ class GraphTemplate {
   // captured ones (types, or which of them are the same value).
   std::optional<std::vector<at::Tensor>> Instantiate(const std::vector<at::Tensor>& inputs) const;
 
+  // Values handed from one instantiation to another without becoming tensors: a forward's
+  // activations, which only its backward reads (torch_spmd/_dynamo_support.py's lean
+  // autograd function). Saves making, wrapping and unwrapping a tensor per activation.
+  using Values = std::vector<ir::Value>;
+  // Instantiate, returning the outputs `returned` (indices) as tensors and the values `kept`
+  // refers to: an output's ({kOutput, index}) or an input's ({kInput, index}).
+  enum class KeptFrom : int { kOutput = 0, kInput = 1 };
+  std::optional<std::pair<std::vector<at::Tensor>, Values>> InstantiateKeeping(
+      const std::vector<at::Tensor>& inputs, const std::vector<int>& returned,
+      const std::vector<std::pair<KeptFrom, int>>& kept) const;
+  // Instantiate, with the first inputs given as values (kept by InstantiateKeeping).
+  std::optional<std::vector<at::Tensor>> InstantiateAfter(
+      const Values& leading, const std::vector<at::Tensor>& inputs) const;
+
   int num_nodes() const { return static_cast<int>(nodes_.size()); }
+  int num_outputs() const { return static_cast<int>(outputs_.size()); }
 
  private:
+  // The inputs' values (`leading`, then the tensors'), annotated as captured; nullopt when
+  // they do not match the capture's. A leading value cannot be annotated or written: nullopt.
+  std::optional<Values> InputValues(const Values& leading,
+                                    const std::vector<at::Tensor>& inputs) const;
+  // The nodes on those values and the input writes; the outputs' values.
+  Values Build(const Values& values, size_t num_leading,
+               const std::vector<at::Tensor>& inputs) const;
+  at::Tensor OutputTensor(const OutputSpec& out, const ir::Value& value) const;
+
   friend class TemplateCapture;
   std::vector<TensorType> input_types_;
   std::vector<int> input_same_as_;             // an earlier input with the same value, or -1
