@@ -18,27 +18,25 @@ Sharding MakeSharding(const std::vector<int64_t>& device_ids, const std::vector<
 }  // namespace
 
 void BindSharding(py::module_& m) {
-  m.def(
-      "_mark_sharding",
-      [](const at::Tensor& t, const std::vector<int64_t>& device_ids,
-         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
-         const std::vector<std::vector<int>>& dim_axes) {
-        aten::MarkSharding(t, MakeSharding(device_ids, mesh_shape, axis_names, dim_axes));
-      },
-      py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
-      py::arg("dim_axes"),
-      "Annotates an spmd tensor in place: dim_axes[d] lists the mesh axes tiling dim d.");
-  m.def(
-      "_constrain_sharding",
-      [](const at::Tensor& t, const std::vector<int64_t>& device_ids,
-         const std::vector<int64_t>& mesh_shape, const std::vector<std::string>& axis_names,
-         const std::vector<std::vector<int>>& dim_axes) {
-        aten::ConstrainSharding(t, MakeSharding(device_ids, mesh_shape, axis_names, dim_axes));
-      },
-      py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
-      py::arg("dim_axes"),
-      "Annotates an spmd tensor in place with a sharding constraint on its current value "
-      "(device data keeps its layout until the step reshards it).");
+  // An annotation call taking the sharding as (device ids, mesh shape, axis names, dim axes).
+  auto def_annotation = [&m](const char* name, void (*annotate)(const at::Tensor&, const Sharding&),
+                             const char* doc) {
+    m.def(
+        name,
+        [annotate](const at::Tensor& t, const std::vector<int64_t>& device_ids,
+                   const std::vector<int64_t>& mesh_shape,
+                   const std::vector<std::string>& axis_names,
+                   const std::vector<std::vector<int>>& dim_axes) {
+          annotate(t, MakeSharding(device_ids, mesh_shape, axis_names, dim_axes));
+        },
+        py::arg("tensor"), py::arg("device_ids"), py::arg("mesh_shape"), py::arg("axis_names"),
+        py::arg("dim_axes"), doc);
+  };
+  def_annotation("_mark_sharding", &aten::MarkSharding,
+                 "Annotates an spmd tensor in place: dim_axes[d] lists the mesh axes tiling dim d.");
+  def_annotation("_constrain_sharding", &aten::ConstrainSharding,
+                 "Annotates an spmd tensor in place with a sharding constraint on its current "
+                 "value (device data keeps its layout until the step reshards it).");
   // A search's relayout of many tensors on one mesh (auto_shard): the device ids are converted
   // and the mesh interned once, not per tensor (2048 ids per call cost 6% of a 70B search).
   m.def(

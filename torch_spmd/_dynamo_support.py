@@ -16,6 +16,11 @@ backends, and ``torch.ops.xla.dynamo_mark_sharding``.
 - **Replay** (``_Replayer``, csrc/aten/graph_template.h). A graph's first call records its ops
   inside a capture; later calls instantiate the recorded nodes on the new inputs in one C++
   call instead of running the graph's ops through Python and the dispatcher.
+- **Lean calls** (``_Region``, ``_LeanFunction``). Once a training graph's forward and backward
+  are both captured, and AOTAutograd's runtime would only call them, one autograd function
+  calls the two templates directly, the activations passing between them as IR values.
+- **Compiled optimizer steps** run the capturable algorithm on spmd parameters (as dynamo makes
+  them on CUDA), so their graphs replay.
 - **dynamo_mark_sharding.** ``torch.ops.xla.dynamo_mark_sharding(t, device_ids, mesh_shape,
   axis_names, partition_spec)``: ``mark_sharding`` as an op dynamo keeps in the graph (axis
   names and the spec as Python literals in strings, as PyTorch/XLA's). Other devices' tensors
