@@ -35,6 +35,12 @@ REAL="${XLA_UPSTREAM_REAL:-}"
 # parameterized), installed into the environment env.sh picked, only for this runner.
 "$PYTHON" -c "import absl.testing.parameterized" 2>/dev/null ||
   "$PYTHON" -m pip install -q --disable-pip-version-check absl-py
+# (and, in a real PyTorch/XLA's venv, pytest itself and rich, which the real
+# visualize_sharding draws with: test_spmd_debugging.py imports it)
+"$PYTHON" -c "import pytest" 2>/dev/null ||
+  "$PYTHON" -m pip install -q --disable-pip-version-check pytest
+[ -n "$REAL" ] && { "$PYTHON" -c "import rich" 2>/dev/null ||
+  "$PYTHON" -m pip install -q --disable-pip-version-check rich; }
 EXCLUDED="$ROOT/scripts/xla_upstream_excluded.txt"
 TIMEOUT="${XLA_TEST_TIMEOUT:-300}"
 LOGS="${XLA_TEST_LOGS:-$(mktemp -d /tmp/xla_upstream.XXXXXX)}"
