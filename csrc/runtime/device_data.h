@@ -1,6 +1,7 @@
 // A tensor that lives on the emulated devices: its global type, its layout (Sharding) and one
 // buffer per device. Devices holding the same tile (replicas) share one host tensor, but each
-// device accounts for its bytes. Immutable once built, so it can be shared freely.
+// device accounts for its bytes. Immutable once built, so it can be shared freely (data held on
+// the host gets its buffers once, on first need: the value never changes).
 #pragma once
 #include <ATen/Tensor.h>
 
