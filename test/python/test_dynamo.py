@@ -214,6 +214,46 @@ def test_a_compiled_default_optimizer_step_is_capturable_and_replayed(mesh, opti
         torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_lean_calls_keep_autograd_semantics(mesh):
+    """From the second step on, a training graph is called through torch_spmd's lean autograd
+    function (activations kept as IR values): an integer output stays non-differentiable, an
+    unused output's gradient is not needed, retain_graph lets the backward run twice (the kept
+    activations read again), and the gradients equal CPU eager's."""
+    from torch_spmd import _dynamo_support
+
+    def f(model, x):
+        y = model(x)
+        return y.pow(2).mean(), y.argmax(-1), y.sum()
+
+    import gc
+    before = {id(o) for o in gc.get_objects() if type(o) is _dynamo_support._Region}
+    torch.manual_seed(0)
+    cpu, dev = MLP(), MLP()
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.to(DEV)
+    compiled = torch.compile(f, backend="spmd")
+    for step in range(3):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step))
+        xd = x.to(DEV)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        loss, idx, _ = compiled(dev, xd)
+        assert not idx.requires_grad and idx.dtype == torch.int64
+        loss.backward(retain_graph=True)
+        loss.backward()
+        ref, ref_idx, _ = f(cpu, x)
+        ref.backward(retain_graph=True)
+        ref.backward()
+        torch.testing.assert_close(idx.cpu(), ref_idx)
+        for a, b in zip(cpu.parameters(), dev.parameters()):
+            torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6)
+        cpu.zero_grad()
+        dev.zero_grad()
+        xm.mark_step()
+    regions = [o for o in gc.get_objects()
+               if type(o) is _dynamo_support._Region and id(o) not in before]
+    assert regions and all(r.lean for r in regions)  # (steps 2 and 3 went through it)
+
+
 def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
     """A literal made on the device inside the compiled function becomes a tensor constant of
     AOTAutograd's graph (get_attr), made before the call: the template takes it as an input
