@@ -29,7 +29,7 @@ backends, and ``torch.ops.xla.dynamo_mark_sharding``.
 import ast
 import functools
 import warnings
-from typing import List
+from typing import List, NamedTuple, Tuple
 
 import torch
 
@@ -128,7 +128,7 @@ class _Replayer:
         else:
             bucket = self.templates.setdefault(key, [])
             if len(bucket) < self._MAX_TEMPLATES:
-                identity = [kind_x for kind_x in plan] == [("new", j) for j in range(len(plan))]
+                identity = plan == [("new", j) for j in range(len(plan))]
                 bucket.append((tmpl, None if identity else plan))
         return self._finish(outputs)
 
@@ -335,9 +335,18 @@ def _lean_plan(region: _Region, args) -> object:
                      differentiable=tuple(bool(o.requires_grad) for o in outputs))
 
 
-class _LeanPlan:
-    def __init__(self, num_outputs, tangents, differentiable):
-        self.num_outputs, self.tangents, self.differentiable = num_outputs, tangents, differentiable
+class _LeanPlan(NamedTuple):
+    num_outputs: int               # the user's outputs, first among the forward graph's
+    tangents: Tuple[bool, ...]     # per user output: the backward graph takes its gradient
+    differentiable: Tuple[bool, ...]  # per user output: autograd may differentiate it
+
+
+def _without_autocast(fn, *args):
+    """``fn(*args)`` with autocast off: the graphs were traced with it applied."""
+    if not torch._C._is_any_autocast_enabled():
+        return fn(*args)
+    with torch._C._DisableAutocast():
+        return fn(*args)
 
 
 class _LeanFunction(torch.autograd.Function):
@@ -349,11 +358,8 @@ class _LeanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, region, *args):
         plan = region.lean
-        if torch._C._is_any_autocast_enabled():  # (the graphs were traced with it applied)
-            with torch._C._DisableAutocast():
-                user, ctx.kept = region.forward.replay_keeping(list(args), plan.num_outputs)
-        else:
-            user, ctx.kept = region.forward.replay_keeping(list(args), plan.num_outputs)
+        user, ctx.kept = _without_autocast(region.forward.replay_keeping, list(args),
+                                           plan.num_outputs)
         ctx.region = region
         ctx.mark_non_differentiable(*[o for o, d in zip(user, plan.differentiable)
                                       if not d and isinstance(o, torch.Tensor)])
@@ -364,12 +370,7 @@ class _LeanFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         region = ctx.region
         tangents = [g.contiguous() for g, t in zip(grads, region.lean.tangents) if t]
-        if torch._C._is_any_autocast_enabled():
-            with torch._C._DisableAutocast():
-                out = region.backward.replay_after(ctx.kept, tangents)
-        else:
-            out = region.backward.replay_after(ctx.kept, tangents)
-        return (None, *out)
+        return (None, *_without_autocast(region.backward.replay_after, ctx.kept, tangents))
 
 
 def _read_annotated_values(gm: torch.fx.GraphModule) -> None:

@@ -38,6 +38,18 @@ void Constrain(const SlotPtr& slot, const Sharding& sharding) {
   SetSlotValue(slot, ir::Value{node, 0});
 }
 
+// The user's annotation of `t` (its rank checked, counted), kept on its slot; the slot.
+// (The caller holds GraphMutex.)
+const SlotPtr& Annotate(const at::Tensor& t, const Sharding& sharding, const char* what) {
+  const SlotPtr& slot = GetLazyImpl(t, what)->slot();
+  const int64_t rank = slot->value.type().rank();
+  TORCH_CHECK(sharding.rank() == rank, "sharding rank ", sharding.rank(),
+              " does not match the tensor rank ", rank);
+  Count("MarkSharding");
+  slot->annotation = sharding;
+  return slot;
+}
+
 }  // namespace
 
 MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
@@ -56,13 +68,7 @@ MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
 
 void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  LazyImpl* impl = GetLazyImpl(t, "mark_sharding");
-  const SlotPtr& slot = impl->slot();
-  const TensorType& type = slot->value.type();
-  TORCH_CHECK(sharding.rank() == type.rank(), "sharding rank ", sharding.rank(),
-              " does not match the tensor rank ", type.rank());
-  Count("MarkSharding");
-  slot->annotation = sharding;
+  const SlotPtr& slot = Annotate(t, sharding, "mark_sharding");
   if (slot->value.node->is_data()) {
     runtime::DeviceDataPtr data = DataOf(slot->value);
     const Sharding& current = data->sharding();
@@ -79,13 +85,7 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
 
 void ConstrainSharding(const at::Tensor& t, const Sharding& sharding) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  LazyImpl* impl = GetLazyImpl(t, "annotate_custom_sharding");
-  const SlotPtr& slot = impl->slot();
-  TORCH_CHECK(sharding.rank() == slot->value.type().rank(), "sharding rank ", sharding.rank(),
-              " does not match the tensor rank ", slot->value.type().rank());
-  Count("MarkSharding");
-  slot->annotation = sharding;
-  Constrain(slot, sharding);
+  Constrain(Annotate(t, sharding, "annotate_custom_sharding"), sharding);
 }
 
 void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {

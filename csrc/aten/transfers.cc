@@ -1,6 +1,7 @@
 // Kernels for the ops that move data between the host and the devices. Host->device copies
-// upload eagerly (recording them would capture the user's host tensor by reference, and it may
-// change); device->host copies materialize; device->device copies are recorded like any op.
+// take a copy of the host value at once (recording them would capture the user's host tensor by
+// reference, and it may change), held on the host until used or annotated
+// (DeviceData::HeldOnHost); device->host copies materialize; device->device copies are recorded like any op.
 // Tensors of other devices (cuda, ...) travel through the host, both ways.
 #include <ATen/ATen.h>
 

@@ -127,13 +127,12 @@ thread_local bool t_relaying = false;
 // the devices, not transfers.
 class TransferToDevice {
  public:
-  std::shared_ptr<DeviceData> Done(std::shared_ptr<DeviceData> data) const {
-    if (t_relaying) return data;
+  void Done(const TensorType& type) const {
+    if (t_relaying) return;
     Metrics& m = Metrics::Get();
-    m.Record("OutboundData", static_cast<double>(data->type().bytes()));
+    m.Record("OutboundData", static_cast<double>(type.bytes()));
     m.Record("TransferToDeviceTime",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
-    return data;
   }
 
  private:
@@ -163,7 +162,7 @@ void DeviceData::Upload() const {
     shards_ = MakeReplicatedBuffers(held_, "tensor " + type_.ToString());
     uploaded_.store(true, std::memory_order_release);
     DeviceSet::HeldOnHostCount().fetch_sub(1);
-    transfer.Done(std::const_pointer_cast<DeviceData>(shared_from_this()));
+    transfer.Done(type_);
   });
 }
 
@@ -174,9 +173,12 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
     return Planned(type, sharding, KeepsKnownValue(type) ? host.contiguous().clone() : at::Tensor());
   TransferToDevice transfer;
   std::string label = "tensor " + type.ToString();
-  if (!sharding.valid() || sharding.IsReplicated())
-    return transfer.Done(
-        std::make_shared<DeviceData>(type, sharding, MakeReplicatedBuffers(OwnedCopy(host), label)));
+  if (!sharding.valid() || sharding.IsReplicated()) {
+    auto data = std::make_shared<DeviceData>(type, sharding,
+                                             MakeReplicatedBuffers(OwnedCopy(host), label));
+    transfer.Done(type);
+    return data;
+  }
   at::Tensor global = host.contiguous();
   int64_t n = DeviceSet::Get().num_devices();
   const int64_t global_count = GlobalDeviceCount(), first = FirstLocalDevice();
@@ -202,8 +204,9 @@ std::shared_ptr<DeviceData> DeviceData::FromHost(const at::Tensor& host,
     ExtractShardInto(global, sharding, first + first_device[r], rows[r]);
   Stacked stacked{rows, std::move(map)};
   PerDevice shards = BuffersOf(stacked, InternLabel(label + " shard"));
-  return transfer.Done(
-      std::make_shared<DeviceData>(type, sharding, std::move(shards), std::move(stacked)));
+  auto data = std::make_shared<DeviceData>(type, sharding, std::move(shards), std::move(stacked));
+  transfer.Done(type);
+  return data;
 }
 
 at::Tensor DeviceData::ToHost() const {

@@ -3,8 +3,8 @@
 // devices), but every device accounts for the bytes it logically holds, exactly as a real pod's
 // HBM would, and refuses an allocation that would exceed its capacity.
 #pragma once
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>

@@ -71,6 +71,13 @@ def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
       >>> t = torch.randn(8, 32).to(xm.xla_device())
       >>> xs.mark_sharding(t, mesh, ('data', None))  # 4-way data parallel, 2 replicas each
     """
+    return _annotate(t, mesh, partition_spec, _C._mark_sharding, "mark_sharding")
+
+
+def _annotate(t, mesh: Mesh, partition_spec: PartitionSpec, annotate, what: str
+              ) -> XLAShardedTensor:
+    """``annotate(tensor, *sharding args)`` (a C++ annotation call) after PyTorch/XLA's
+    checks; ``t`` wrapped as an XLAShardedTensor."""
     partition_spec = _partition_spec.normalize(partition_spec)
     # Checked first, as in PyTorch/XLA: unspecified dims are never filled in with None.
     assert len(t.shape) == len(partition_spec), \
@@ -82,8 +89,8 @@ def mark_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mesh,
         f"{mesh.mesh_shape} is not mappable over {num_devices} devices."
     args = mesh._sharding_args(partition_spec)
     tensor = unwrap_sharded_tensor(t)
-    _check_spmd_tensor(tensor, "mark_sharding")
-    _C._mark_sharding(tensor, *args)
+    _check_spmd_tensor(tensor, what)
+    annotate(tensor, *args)
     wrapper = wrap_as_sharded_tensor(t if isinstance(t, XLAShardedTensor) else tensor,
                                      mesh.mesh_shape, partition_spec)
     wrapper._mesh = mesh  # device order and axis names for the DTensor view (``_spec``)
@@ -254,21 +261,7 @@ def annotate_custom_sharding(t: Union[torch.Tensor, XLAShardedTensor], mesh: Mes
     sharding may be annotated, and its device data is not laid out again now; the step that
     computes the constrained value reshards it (with the collectives that takes), and the tensor
     keeps the new sharding from then on. Returns ``t`` wrapped as an XLAShardedTensor."""
-    partition_spec = _partition_spec.normalize(partition_spec)
-    assert len(t.shape) == len(partition_spec), \
-        (f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
-         f"({len(t.shape)}).")
-    num_devices = xr.global_runtime_device_count()
-    assert mesh.size() == num_devices, \
-        f"{mesh.mesh_shape} is not mappable over {num_devices} devices."
-    tensor = unwrap_sharded_tensor(t)
-    _check_spmd_tensor(tensor, "annotate_custom_sharding")
-    _C._constrain_sharding(tensor, *mesh._sharding_args(partition_spec))
-    wrapper = wrap_as_sharded_tensor(t if isinstance(t, XLAShardedTensor) else tensor,
-                                     mesh.mesh_shape, partition_spec)
-    wrapper._mesh = mesh
-    wrapper._device_mesh = None
-    return wrapper
+    return _annotate(t, mesh, partition_spec, _C._constrain_sharding, "annotate_custom_sharding")
 
 
 def shard_as(a, b):
