@@ -2,6 +2,8 @@
 // capture a compiled graph's first run and instantiate it on later calls.
 #include "bindings.h"
 
+#include <torch/csrc/autograd/graph_task.h>
+
 #include "aten/graph_template.h"
 
 namespace spmd {
@@ -33,6 +35,9 @@ void BindGraphTemplates(py::module_& m) {
              return out;
            }, "The values as spmd tensors.")
       .def("__len__", [](const KeptValues& kept) { return kept.values.size(); });
+  // Whether the backward pass running on this thread keeps its graph (retain_graph=True):
+  // a lean backward then keeps the forward's values for the next one, else drops them.
+  m.def("_graph_task_keeps_graph", &torch::autograd::get_current_graph_task_keep_graph);
   py::class_<aten::GraphTemplate, std::shared_ptr<aten::GraphTemplate>>(m, "_GraphTemplate")
       .def("instantiate", &aten::GraphTemplate::Instantiate,
            "The region's outputs from these inputs; None when they do not match the capture's.")

@@ -368,9 +368,25 @@ class _LeanFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        region = ctx.region
+        region, kept = ctx.region, ctx.kept
+        if kept is None:
+            raise RuntimeError(_BACKWARD_TWICE)
         tangents = [g.contiguous() for g, t in zip(grads, region.lean.tangents) if t]
-        return (None, *_without_autocast(region.backward.replay_after, ctx.kept, tangents))
+        out = (None, *_without_autocast(region.backward.replay_after, kept, tangents))
+        # As the engine frees saved tensors: the activations (and through them the step's
+        # inputs, old parameter buffers included) would otherwise live as long as the graph's
+        # output, until the next step's forward replaces it.
+        if not _C._graph_task_keeps_graph():
+            ctx.kept = None
+        return out
+
+
+_BACKWARD_TWICE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward.")
 
 
 def _read_annotated_values(gm: torch.fx.GraphModule) -> None:

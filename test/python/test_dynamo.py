@@ -243,6 +243,9 @@ def test_lean_calls_keep_autograd_semantics(mesh):
         ref, ref_idx, _ = f(cpu, x)
         ref.backward(retain_graph=True)
         ref.backward()
+        for out in (ref, loss):  # (the graph was freed by the last backward)
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                out.backward()
         torch.testing.assert_close(idx.cpu(), ref_idx)
         for a, b in zip(cpu.parameters(), dev.parameters()):
             torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6)
@@ -252,6 +255,29 @@ def test_lean_calls_keep_autograd_semantics(mesh):
     regions = [o for o in gc.get_objects()
                if type(o) is _dynamo_support._Region and id(o) not in before]
     assert regions and all(r.lean for r in regions)  # (steps 2 and 3 went through it)
+
+
+def test_a_lean_backward_frees_the_forwards_values(mesh):
+    """After a compiled step's backward (no retain_graph), the loss it leaves behind holds no
+    device memory: the activations kept for the backward, and through them the step's inputs
+    and the parameters' buffers before the optimizer's update, are released as autograd frees
+    saved tensors, not when the next step replaces the loss."""
+    torch.manual_seed(0)
+    model = MLP().to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    compiled = torch.compile(lambda x: model(x).pow(2).mean(), backend="spmd")
+    for step in range(3):
+        xd = torch.randn(16, 32, generator=torch.Generator().manual_seed(step)).to(DEV)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        loss = compiled(xd)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xm.mark_step()
+    with_loss = xm.get_memory_info(0)["bytes_used"]
+    own = loss.element_size()  # (the loss's own value, a replicated scalar)
+    del loss
+    assert xm.get_memory_info(0)["bytes_used"] == with_loss - own
 
 
 def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
