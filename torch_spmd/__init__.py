@@ -8,13 +8,14 @@ import torch
 
 from . import _C  # noqa: F401  (registers the backend with the dispatcher)
 from ._device import device, is_spmd_tensor, sync
-from . import _cuda_autograd, _dcp_default_planner, _dynamo_support, _patches
+from . import _autograd_thread, _cuda_autograd, _dcp_default_planner, _dynamo_support, _patches
 from . import debug  # noqa: F401
 from . import _autograd_exit  # noqa: F401  (see its docstring)
 from . import _threads
 
 _C._init()
 _patches.install()
+_autograd_thread.install()
 _dynamo_support.install()
 _dcp_default_planner.install()
 if torch.backends.cuda.is_built():  # CUDA builds of torch only (see _cuda_autograd)

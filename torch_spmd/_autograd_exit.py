@@ -1,7 +1,10 @@
 """Lets torch's autograd thread for the spmd device drop its last backward pass before Python
 shuts down.
 
-torch (2.x) runs the backward of device tensors on a per-device worker thread. Every backward
+torch (2.x) runs the backward of device tensors on a per-device worker thread (spmd backward
+passes started by ``backward()`` or ``autograd.grad`` run on the calling thread instead,
+_autograd_thread.py; one started on the engine directly, as some libraries do, or from roots
+on another device, still runs there). Every backward
 (``torch.autograd._engine_run_backward``) stashes a Python object in the graph task's
 thread-local state; the worker may release the finished graph task (and so that object, which
 needs the GIL) a moment after ``backward()`` returned. If Python is finalizing by then, taking

@@ -1,6 +1,7 @@
 """A process that ran a backward pass on the device exits cleanly (see torch_spmd/_autograd_exit.py:
 without the drain, torch's autograd device thread aborted about every other such process at
-interpreter shutdown)."""
+interpreter shutdown). backward() runs spmd backward passes on the calling thread
+(_autograd_thread.py); one started on the engine directly still uses the device thread."""
 import os
 import subprocess
 import sys
@@ -17,6 +18,15 @@ import torch, torch_spmd
 x = torch.ones(10, device="spmd", requires_grad=True)
 (x * 3).sum().backward()
 assert x.grad.cpu().eq(3).all()
+"""
+ENGINE_BACKWARD = """
+import torch, torch_spmd
+x = torch.ones(10, device="spmd", requires_grad=True)
+y = (x * 3).sum()
+torch.autograd.Variable._execution_engine.run_backward(
+    (y,), (torch.ones((), device="spmd"),), False, False, (), True, True)
+assert x.grad.cpu().eq(3).all()
+assert torch_spmd._C._recorded_off_main_thread()  # (the device thread ran it)
 """
 # No backward: the exit path must not start torch's autograd device thread itself (a thread
 # starting during finalization aborts the same way).
@@ -39,6 +49,11 @@ def _exit_codes(script, runs):
 
 def test_backward_then_exit_never_aborts():
     codes = _exit_codes(BACKWARD, 10)
+    assert all(code == 0 for code, _ in codes), codes
+
+
+def test_engine_backward_then_exit_never_aborts():
+    codes = _exit_codes(ENGINE_BACKWARD, 10)
     assert all(code == 0 for code, _ in codes), codes
 
 
