@@ -95,6 +95,8 @@ void BindGraph(py::module_& m) {
     return host.clone();
   });
   m.def("_graph_text", &aten::PendingGraphText);
+  m.def("_pending_graph_parameters", &aten::PendingGraphParameters);
+  m.def("_pending_graph_parameter_index", &aten::PendingGraphParameterIndex);
   m.def("_partitioned_program", &aten::PartitionedProgramText);
   m.def("_set_defer_output_reductions", &aten::SetDeferOutputReductions);
   m.def("_defer_output_reductions", &aten::DeferOutputReductions);

@@ -28,6 +28,10 @@ Hash PendingGraphHash(const std::vector<at::Tensor>& tensors);
 // The graph (global IR) and the partitioned program of the given tensors' pending values, as
 // text, without executing anything.
 std::string PendingGraphText(const std::vector<at::Tensor>& tensors);
+// The device data that graph reads (its parameters, in the graph's order), as tensors sharing
+// it; and the index among `params` of the data `t` holds (-1: none, or `t` is pending).
+std::vector<at::Tensor> PendingGraphParameters(const std::vector<at::Tensor>& tensors);
+int PendingGraphParameterIndex(const std::vector<at::Tensor>& params, const at::Tensor& t);
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors);
 
 // Whether a step may hand back pending partial sums (see PartitionOptions); part of the

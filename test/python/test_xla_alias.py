@@ -451,6 +451,50 @@ def test_hlo_text_carries_shardings_in_xla_notation(mesh8):
     assert "%custom-call" not in hlo  # (no XLA instruction names are made up)
 
 
+def test_lowering_context_names_the_data_a_graph_reads_without_moving_it(mesh8):
+    """_XLAC.lowering.LoweringContext: build() lowers the pending work of some tensors (nothing
+    runs); its parameters are the device data that work reads, handed back as device tensors
+    sharing that data (no transfer), numbered as tensor_parameter_id says; hlo_text() is the
+    graph's text with XLA's sharding attributes."""
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.debug.metrics as met
+    from torch_spmd.xla import _XLAC, xla_builder
+    dev = torch_spmd.device()
+    a, b, c = torch.randn(32, 16), torch.randn(16), torch.randn(16)
+    ad, bd, cd = a.to(dev), b.to(dev), c.to(dev)
+    xs.mark_sharding(ad, mesh8, ("data", "model"))
+    xs.mark_sharding(bd, mesh8, ("model",))
+    xm.mark_step()
+    met.clear_all()
+    out = ad * 2 + bd
+    ctx = _XLAC.lowering.LoweringContext("MyName")
+    ctx.build([out])
+    mapping = ctx.device_parameter_id_tensor_mapping()
+    assert sorted(mapping) == [0, 1]
+    ids = [ctx.tensor_parameter_id(t) for t in (ad, bd)]
+    assert sorted(ids) == [0, 1]
+    assert ctx.tensor_parameter_id(cd) == -1 and ctx.tensor_parameter_id(out) == -1
+    for t, i in zip((ad, bd), ids):
+        assert mapping[i].device.type == "spmd"
+        assert _XLAC._get_xla_sharding_spec(mapping[i]) == _XLAC._get_xla_sharding_spec(t)
+    assert not met.metric_data("TransferFromDeviceTime")  # (nothing read back)
+    assert "aten::" in torch_spmd._C._graph_text([out])    # (nothing ran)
+    text = ctx.hlo_text()
+    assert "MyName" in text and "sharding={devices=[4,2]" in text
+    comp = xla_builder.computation_from_module_proto("c", ctx.hlo())
+    assert xla_builder.get_computation_hlo(comp) == text
+    host = ctx.parameter_id_tensor_mapping()
+    torch.testing.assert_close(host[ids[0]], a)
+    torch.testing.assert_close(host[ids[1]], b)
+    torch.testing.assert_close(out.cpu(), a * 2 + b)
+    with pytest.raises(ValueError, match=r"tensors\[0\] is a tensor on cpu"):
+        ctx.build([a])
+    with pytest.raises(RuntimeError, match="call build"):
+        _XLAC.lowering.LoweringContext().hlo_text()
+    with pytest.raises(AttributeError, match="does not build XLA HLO op by op"):
+        xla_builder.Op
+
+
 def test_input_output_alias_count_counts_donated_inputs(mesh8):
     """An in-place update of a sharded tensor gives its old buffer to the new value: one run,
     one aliased input (PyTorch/XLA's InputOutputAliasCount)."""

@@ -23,6 +23,8 @@ from torch_spmd.core import xla_model as _xm
 from torch_spmd.distributed.spmd._sharding_type import sharding_type_of_spec
 from torch_spmd.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
+from . import _lowering as lowering  # noqa: F401  (_XLAC.lowering.LoweringContext)
+
 
 def _plain(t):
     return t.global_tensor if isinstance(t, XLAShardedTensor) else t

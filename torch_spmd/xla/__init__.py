@@ -44,6 +44,7 @@ ALIASES: Dict[str, str] = {
     "torch_xla.core": "torch_spmd.core",
     "torch_xla.core.xla_model": "torch_spmd.core.xla_model",
     "torch_xla.core.xla_env_vars": "torch_spmd.xla.xla_env_vars",
+    "torch_xla.core.xla_builder": "torch_spmd.xla.xla_builder",
     "torch_xla.runtime": "torch_spmd.runtime",
     "torch_xla.debug": "torch_spmd.debug",
     "torch_xla.debug.metrics": "torch_spmd.debug.metrics",
