@@ -166,7 +166,7 @@ def test_install_resolves_to_the_same_module_objects(tmp_path):
         xs.set_global_mesh(xs.get_1d_mesh('x'))
         print("GLOBAL", S.distributed.spmd.get_global_mesh() is xs.get_global_mesh())
         try:
-            import torch_xla.core.xla_builder
+            import torch_xla.experimental.scan
         except ModuleNotFoundError as e:
             print("MISSING", e.name)
         print("DEVICES", torch_xla.device(), torch_xla.devices(), xm.get_xla_supported_devices())
@@ -188,7 +188,7 @@ def test_install_resolves_to_the_same_module_objects(tmp_path):
     assert "AMP torch.bfloat16" in out
     assert "SPEC torch_spmd.distributed.spmd torch_spmd.core.xla_model" in out
     assert "CLASS True" in out and "GLOBAL True" in out
-    assert "MISSING torch_xla.core.xla_builder" in out
+    assert "MISSING torch_xla.experimental.scan" in out
     assert "DEVICES spmd:0 [device(type='spmd', index=0)] ['spmd:0']" in out
     assert "XLADEV spmd:0 spmd:0" in out
     assert "UNINSTALLED cpu" in out

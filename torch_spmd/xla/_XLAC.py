@@ -9,9 +9,11 @@ program text (no XLA instruction names), its shardings written as XLA's ``shardi
 attribute: code checking which sharding a value carries works, code matching XLA's
 instructions does not. ``_get_xla_tensor_debug_info`` lays out what torch_spmd knows of a
 tensor in PyTorch/XLA's fields (device, shape, sharding, the node or the data behind it).
+``lowering.LoweringContext`` names the device data a pending graph reads, without running it.
 """
 import re
-from typing import List, Optional, Sequence
+import types
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -23,7 +25,6 @@ from torch_spmd.core import xla_model as _xm
 from torch_spmd.distributed.spmd._sharding_type import sharding_type_of_spec
 from torch_spmd.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
-from . import _lowering as lowering  # noqa: F401  (_XLAC.lowering.LoweringContext)
 
 
 def _plain(t):
@@ -258,3 +259,77 @@ def _spmd_shard_to_full_shape(t: torch.Tensor, sharding: str, full_shape, dtype=
     ``sharding`` (XLA text form, what ``Mesh.get_op_sharding`` returns here)."""
     return _C._spmd_shard_to_full_shape(_plain(t), *_sharding_args_from_text(sharding, len(full_shape)),
                                         [int(d) for d in full_shape])
+
+
+class LoweringContext:
+    """``_XLAC.lowering.LoweringContext``: lowers the pending work of some tensors into one
+    computation without running it, and tells which device data that computation reads (its
+    parameters).
+
+    Here the computation is torch_spmd's graph of those tensors: its text stands where XLA gives
+    HLO (``hlo_text``, ``hlo``; the same text as ``_XLAC._get_xla_tensors_hlo``, each value's
+    sharding written as XLA's ``sharding={...}`` attribute, XLA's instruction names absent), and
+    its parameters are the device data the graph reads, in the graph's order, handed back as
+    tensors on the device that share that data (nothing is copied or transferred).
+    """
+
+    def __init__(self, name: str = "LoweringContext"):
+        self._name = name
+        self._text = None
+        self._params: List[torch.Tensor] = []
+
+    def set_name_string(self, name: str) -> None:
+        self._name = name
+
+    def get_name_string(self) -> str:
+        return self._name
+
+    def build(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Lowers the pending work that computes ``tensors`` (nothing runs)."""
+        tensors = [_plain(t) for t in tensors]
+        bad = [i for i, t in enumerate(tensors)
+               if not isinstance(t, torch.Tensor) or t.device.type != "spmd"]
+        if bad:
+            raise ValueError(f"LoweringContext.build: tensors[{bad[0]}] is "
+                             f"{_describe_value(tensors[bad[0]])}; expected tensors on the spmd device")
+        self._text = _get_xla_tensors_hlo(tensors)
+        self._params = _C._pending_graph_parameters(tensors)
+
+    def _built(self, what: str) -> None:
+        if self._text is None:
+            raise RuntimeError(f"LoweringContext.{what}: call build(tensors) first")
+
+    def hlo_text(self) -> str:
+        """The computation's text (torch_spmd's graph, see the module's docstring)."""
+        self._built("hlo_text")
+        return f"HloModule {self._name}\n\n{self._text}"
+
+    def hlo(self) -> bytes:
+        """What XLA serializes as an HloModuleProto: here the same text, encoded."""
+        return self.hlo_text().encode()
+
+    def device_parameter_id_tensor_mapping(self) -> Dict[int, torch.Tensor]:
+        """Parameter number -> a tensor on the device holding that parameter's data."""
+        self._built("device_parameter_id_tensor_mapping")
+        return dict(enumerate(self._params))
+
+    def parameter_id_tensor_mapping(self) -> Dict[int, torch.Tensor]:
+        """Parameter number -> the parameter's value on the host (a transfer, as XLA's)."""
+        self._built("parameter_id_tensor_mapping")
+        return {i: t.cpu() for i, t in enumerate(self._params)}
+
+    def tensor_parameter_id(self, tensor: torch.Tensor) -> int:
+        """The parameter number of the data ``tensor`` holds, -1 if the computation does not
+        read it (or ``tensor`` is pending: its value is computed, not a parameter)."""
+        self._built("tensor_parameter_id")
+        return _C._pending_graph_parameter_index(self._params, _plain(tensor))
+
+
+def _describe_value(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor on {x.device}"
+    return f"a {type(x).__name__}"
+
+
+# PyTorch/XLA's submodule _XLAC.lowering
+lowering = types.SimpleNamespace(LoweringContext=LoweringContext)
