@@ -17,6 +17,14 @@ struct KeptValues {
   aten::GraphTemplate::Values values;
 };
 
+// instantiate_keeping's references (which outputs to return, which values to keep), converted
+// from Python once per template: a forward keeps ~100 activations, and converting their list
+// at every call cost as much as instantiating a tenth of the template.
+struct KeepingRefs {
+  std::vector<int> returned;
+  std::vector<std::pair<aten::GraphTemplate::KeptFrom, int>> kept;
+};
+
 }  // namespace
 
 void BindGraphTemplates(py::module_& m) {
@@ -38,22 +46,26 @@ void BindGraphTemplates(py::module_& m) {
   // Whether the backward pass running on this thread keeps its graph (retain_graph=True):
   // a lean backward then keeps the forward's values for the next one, else drops them.
   m.def("_graph_task_keeps_graph", &torch::autograd::get_current_graph_task_keep_graph);
+  py::class_<KeepingRefs>(m, "_KeepingRefs")
+      .def(py::init([](std::vector<int> returned, const std::vector<std::pair<int, int>>& kept) {
+             KeepingRefs refs{std::move(returned), {}};
+             for (const auto& [from, i] : kept)
+               refs.kept.emplace_back(static_cast<aten::GraphTemplate::KeptFrom>(from), i);
+             return refs;
+           }), "(the outputs to return (indices), the values to keep ((0, output) or "
+               "(1, input) pairs)), for instantiate_keeping.");
   py::class_<aten::GraphTemplate, std::shared_ptr<aten::GraphTemplate>>(m, "_GraphTemplate")
       .def("instantiate", &aten::GraphTemplate::Instantiate,
            "The region's outputs from these inputs; None when they do not match the capture's.")
       .def("instantiate_keeping",
            [](const aten::GraphTemplate& tmpl, const std::vector<at::Tensor>& inputs,
-              const std::vector<int>& returned,
-              const std::vector<std::pair<int, int>>& kept) -> py::object {
-             std::vector<std::pair<aten::GraphTemplate::KeptFrom, int>> refs;
-             for (const auto& [from, i] : kept)
-               refs.emplace_back(static_cast<aten::GraphTemplate::KeptFrom>(from), i);
-             auto made = tmpl.InstantiateKeeping(inputs, returned, refs);
+              const KeepingRefs& refs) -> py::object {
+             auto made = tmpl.InstantiateKeeping(inputs, refs.returned, refs.kept);
              if (!made) return py::none();
              return py::make_tuple(made->first, KeptValues{std::move(made->second)});
            },
-           "(the outputs `returned` (indices), the values `kept` refers to ((0, output) or "
-           "(1, input) pairs) as _KeptValues), or None as instantiate.")
+           "(the outputs the _KeepingRefs return, the values they keep as _KeptValues), or "
+           "None as instantiate.")
       .def("instantiate_after",
            [](const aten::GraphTemplate& tmpl, const KeptValues& kept,
               const std::vector<at::Tensor>& inputs) {

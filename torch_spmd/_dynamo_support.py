@@ -140,7 +140,7 @@ class _Replayer:
             refs = self._keeping_refs(tmpl, plan, first_kept)
             if refs is None:
                 continue
-            made = tmpl.instantiate_keeping(args, *refs)
+            made = tmpl.instantiate_keeping(args, refs)
             if made is not None:
                 outputs, kept = made
                 if self.run_outputs:
@@ -150,7 +150,7 @@ class _Replayer:
         return outputs[:first_kept], _C._KeptValues(outputs[first_kept:])
 
     def _keeping_refs(self, tmpl, plan, first_kept: int):
-        """The output plan as instantiate_keeping's (returned, kept), once per template; None
+        """The output plan as instantiate_keeping's _KeepingRefs, once per template; None
         where a returned output is not the template's own or a kept one is not a tensor."""
         key = (id(tmpl), first_kept)
         if key not in self._keeping:
@@ -162,7 +162,7 @@ class _Replayer:
             kept = [(0 if kind == "new" else 1, x) for kind, x in resolved[first_kept:]
                     if kind in ("new", "arg")]
             ok = len(returned) == first_kept and len(kept) == len(resolved) - first_kept
-            self._keeping[key] = (returned, kept) if ok else None
+            self._keeping[key] = _C._KeepingRefs(returned, kept) if ok else None
         return self._keeping[key]
 
     def replay_after(self, kept, args: list):
