@@ -136,9 +136,11 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
         continue;
       }
       spec_of[node.get()] = static_cast<int>(tmpl->nodes_.size());
-      tmpl->nodes_.push_back({node->op(), std::move(refs), node->args(), node->outputs(),
-                              node->shardings(), node->scope(), node->in_backward(),
-                              node->draws_random_numbers()});
+      tmpl->nodes_.push_back(
+          {node->op(), std::move(refs),
+           std::make_shared<const ir::Node::Attrs>(
+               ir::Node::Attrs{node->args(), node->outputs(), node->shardings()}),
+           node->scope(), node->in_backward(), node->draws_random_numbers()});
     }
   }
   for (size_t k = 0; k < written.size(); ++k)
@@ -200,10 +202,15 @@ GraphTemplate::Values GraphTemplate::Build(const Values& values, size_t num_lead
     std::vector<ir::Value> operands;
     operands.reserve(spec.inputs.size());
     for (const Ref& r : spec.inputs) operands.push_back(value_of(r));
-    std::vector<ir::Arg> args = spec.args;
-    if (spec.random) DrawFreshSeeds(*spec.op, args);
-    ir::NodePtr node = ir::MakeNode(spec.op, std::move(operands), std::move(args), spec.outputs);
-    if (!spec.shardings.empty()) node->set_shardings(spec.shardings);
+    ir::NodePtr node;
+    if (spec.random) {  // (its own args: fresh seeds)
+      std::vector<ir::Arg> args = spec.attrs->args;
+      DrawFreshSeeds(*spec.op, args);
+      node = ir::MakeNode(spec.op, std::move(operands), std::move(args), spec.attrs->outputs);
+      if (!spec.attrs->shardings.empty()) node->set_shardings(spec.attrs->shardings);
+    } else {
+      node = ir::MakeNode(spec.op, std::move(operands), spec.attrs);
+    }
     node->set_scope(spec.scope);
     node->set_in_backward(spec.in_backward);
     made.push_back(std::move(node));

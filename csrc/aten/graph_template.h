@@ -6,8 +6,8 @@
 // the run records nodes as usual, and Finish walks back from the outputs to the inputs. A node
 // that depends on an input, or draws random numbers, becomes a template node; anything else the
 // outputs reach (constants the region made, such as uploaded literals or an iota) is shared by
-// every instantiation, since nodes are immutable. Instantiate clones the template nodes with
-// their inputs rewired to the new call's values and fresh seeds for random ops (drawn in
+// every instantiation, since nodes are immutable. Instantiate clones the template nodes (sharing
+// their args, types and shardings: ir::Node::Attrs) with their inputs rewired to the new call's values and fresh seeds for random ops (drawn in
 // recording order from the default generator, as recording them would draw).
 //
 // A region is replayable only if its run did nothing but record: no eager fallback, no sync, no
@@ -43,9 +43,7 @@ class GraphTemplate {
   struct NodeSpec {
     const ir::OpInfo* op;
     std::vector<Ref> inputs;
-    std::vector<ir::Arg> args;
-    std::vector<TensorType> outputs;
-    std::vector<Sharding> shardings;
+    std::shared_ptr<const ir::Node::Attrs> attrs;  // shared by every instantiation's node
     ir::Scope scope;
     bool in_backward;
     bool random;

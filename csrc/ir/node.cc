@@ -12,21 +12,40 @@ Node::Node(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
            std::vector<TensorType> outputs)
     : op_(op),
       inputs_(std::move(inputs)),
-      args_(std::move(args)),
-      outputs_(std::move(outputs)),
+      own_{std::move(args), std::move(outputs), {}},
+      attrs_(&own_),
       id_(g_next_node_id.fetch_add(1, std::memory_order_relaxed)),
       scope_(CurrentScope()),
       in_backward_(InBackward()) {}
 
+Node::Node(const OpInfo* op, std::vector<Value> inputs, std::shared_ptr<const Attrs> shared)
+    : op_(op),
+      inputs_(std::move(inputs)),
+      shared_(std::move(shared)),
+      attrs_(shared_.get()),
+      id_(g_next_node_id.fetch_add(1, std::memory_order_relaxed)),
+      scope_(CurrentScope()),
+      in_backward_(InBackward()) {}
+
+void Node::set_shardings(std::vector<Sharding> s) {
+  if (shared_) {  // (copy on write)
+    own_ = *shared_;
+    shared_.reset();
+    attrs_ = &own_;
+  }
+  own_.shardings = std::move(s);
+  hash_ = 0;
+}
+
 Hash Node::hash() const {
   if (hash_ != 0) return hash_;
   Hash h = HashString(op_->qualified);
-  for (const Arg& a : args_) h = HashCombine(h, a.hash());
-  for (const TensorType& t : outputs_) {
+  for (const Arg& a : attrs_->args) h = HashCombine(h, a.hash());
+  for (const TensorType& t : attrs_->outputs) {
     h = HashCombine(h, HashInt(static_cast<int64_t>(t.dtype)));
     h = HashCombine(h, HashInts(t.shape));
   }
-  for (const Sharding& s : shardings_) h = HashCombine(h, s.valid() ? s.hash() : 1);
+  for (const Sharding& s : attrs_->shardings) h = HashCombine(h, s.valid() ? s.hash() : 1);
   if (data_) {
     const Sharding& s = data_->sharding();
     h = HashCombine(h, s.valid() ? s.hash() : 2);
@@ -37,7 +56,7 @@ Hash Node::hash() const {
 }
 
 bool Node::draws_random_numbers() const {
-  if (args_.size() > op_->args.size()) return true;
+  if (attrs_->args.size() > op_->args.size()) return true;
   for (const ArgSchema& a : op_->args)
     if (a.type == ArgType::kGenerator) return true;
   return false;
@@ -46,6 +65,11 @@ bool Node::draws_random_numbers() const {
 NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
                  std::vector<TensorType> outputs) {
   return std::make_shared<Node>(op, std::move(inputs), std::move(args), std::move(outputs));
+}
+
+NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs,
+                 std::shared_ptr<const Node::Attrs> shared) {
+  return std::make_shared<Node>(op, std::move(inputs), std::move(shared));
 }
 
 uint64_t NextNodeId() { return g_next_node_id.load(std::memory_order_relaxed); }

@@ -48,17 +48,29 @@ class DataHandle {
 
 class Node {
  public:
+  // What a node is besides its inputs: its args, output types and shardings. Nodes made from
+  // one template (aten/graph_template.h: a compiled region replayed at every call) share one
+  // immutable copy instead of copying it into each.
+  struct Attrs {
+    std::vector<Arg> args;
+    std::vector<TensorType> outputs;
+    std::vector<Sharding> shardings;
+  };
+
   Node(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
        std::vector<TensorType> outputs);
+  Node(const OpInfo* op, std::vector<Value> inputs, std::shared_ptr<const Attrs> shared);
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
 
   const OpInfo* op() const { return op_; }
   const std::vector<Value>& inputs() const { return inputs_; }
   const Value& input(size_t i) const { return inputs_.at(i); }
-  const std::vector<Arg>& args() const { return args_; }
-  const Arg& arg(size_t i) const { return args_.at(i); }
-  const std::vector<TensorType>& outputs() const { return outputs_; }
-  const TensorType& output(size_t i) const { return outputs_.at(i); }
-  int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  const std::vector<Arg>& args() const { return attrs_->args; }
+  const Arg& arg(size_t i) const { return attrs_->args.at(i); }
+  const std::vector<TensorType>& outputs() const { return attrs_->outputs; }
+  const TensorType& output(size_t i) const { return attrs_->outputs.at(i); }
+  int num_outputs() const { return static_cast<int>(attrs_->outputs.size()); }
   uint64_t id() const { return id_; }
 
   // Parameter nodes.
@@ -68,8 +80,8 @@ class Node {
 
   // Optional per-output sharding: the user's constraint on spmd::sharding_constraint nodes, and
   // the chosen layout on nodes of a partitioned program. Part of the node's hash.
-  const std::vector<Sharding>& shardings() const { return shardings_; }
-  void set_shardings(std::vector<Sharding> s) { shardings_ = std::move(s); hash_ = 0; }
+  const std::vector<Sharding>& shardings() const { return attrs_->shardings; }
+  void set_shardings(std::vector<Sharding> s);
 
   // The module path the op was recorded under (ir/scope.h); not part of the hash.
   Scope scope() const { return scope_; }
@@ -90,10 +102,10 @@ class Node {
  private:
   const OpInfo* op_;
   std::vector<Value> inputs_;
-  std::vector<Arg> args_;
-  std::vector<TensorType> outputs_;
+  Attrs own_;                             // a node's own attrs, unless it shares a template's:
+  std::shared_ptr<const Attrs> shared_;  // then own_ stays empty
+  const Attrs* attrs_;                    // &own_ or shared_.get()
   std::shared_ptr<DataHandle> data_;
-  std::vector<Sharding> shardings_;
   uint64_t id_;
   Scope scope_ = nullptr;
   bool in_backward_ = false;
@@ -102,6 +114,8 @@ class Node {
 
 NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs, std::vector<Arg> args,
                  std::vector<TensorType> outputs);
+NodePtr MakeNode(const OpInfo* op, std::vector<Value> inputs,
+                 std::shared_ptr<const Node::Attrs> shared);
 
 // The id the next node will get: every node made later has an id at least this (ids only grow).
 uint64_t NextNodeId();
