@@ -144,7 +144,11 @@ class _Replayer:
             if made is not None:
                 outputs, kept = made
                 if self.run_outputs:
-                    _C._sync_tensors(outputs + kept.tensors())
+                    # The kept values become the computed data: kept as the nodes that compute
+                    # them, the backward's program would compute the forward again.
+                    activations = kept.tensors()
+                    _C._sync_tensors(outputs + activations)
+                    kept = _C._KeptValues(activations)
                 return outputs, kept
         outputs = self(args)
         return outputs[:first_kept], _C._KeptValues(outputs[first_kept:])

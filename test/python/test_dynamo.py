@@ -280,6 +280,26 @@ def test_a_lean_backward_frees_the_forwards_values(mesh):
     assert xm.get_memory_info(0)["bytes_used"] == with_loss - own
 
 
+def test_an_openxla_lean_backward_reads_the_forwards_results(mesh):
+    """backend='openxla' runs each graph at its call. The lean forward's kept activations must
+    then be the computed data: kept as the nodes computing them, the backward's program would
+    compute the forward again (its flops the forward's more than the first step's backward,
+    which AOTAutograd's runtime ran)."""
+    torch.manual_seed(0)
+    model = MLP().to(DEV)
+    compiled = torch.compile(lambda x: model(x).pow(2).mean(), backend="openxla")
+    flops = []
+    for step in range(3):
+        xd = torch.randn(16, 32, generator=torch.Generator().manual_seed(step)).to(DEV)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        loss = compiled(xd)
+        loss.backward()  # (openxla: the backward's program runs here)
+        flops.append(_C._last_step_stats()["flops_per_device"])
+        model.zero_grad()
+        xm.mark_step()
+    assert flops[0] > 0 and flops[2] == flops[0], flops
+
+
 def test_a_graph_with_device_tensor_constants_is_replayed(mesh):
     """A literal made on the device inside the compiled function becomes a tensor constant of
     AOTAutograd's graph (get_attr), made before the call: the template takes it as an input
