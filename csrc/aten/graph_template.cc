@@ -202,15 +202,13 @@ GraphTemplate::Values GraphTemplate::Build(const Values& values, size_t num_lead
     std::vector<ir::Value> operands;
     operands.reserve(spec.inputs.size());
     for (const Ref& r : spec.inputs) operands.push_back(value_of(r));
-    ir::NodePtr node;
-    if (spec.random) {  // (its own args: fresh seeds)
-      std::vector<ir::Arg> args = spec.attrs->args;
-      DrawFreshSeeds(*spec.op, args);
-      node = ir::MakeNode(spec.op, std::move(operands), std::move(args), spec.attrs->outputs);
-      if (!spec.attrs->shardings.empty()) node->set_shardings(spec.attrs->shardings);
-    } else {
-      node = ir::MakeNode(spec.op, std::move(operands), spec.attrs);
+    std::shared_ptr<const ir::Node::Attrs> attrs = spec.attrs;
+    if (spec.random) {  // (attrs of its own: fresh seeds)
+      auto fresh = std::make_shared<ir::Node::Attrs>(*attrs);
+      DrawFreshSeeds(*spec.op, fresh->args);
+      attrs = std::move(fresh);
     }
+    ir::NodePtr node = ir::MakeNode(spec.op, std::move(operands), std::move(attrs));
     node->set_scope(spec.scope);
     node->set_in_backward(spec.in_backward);
     made.push_back(std::move(node));

@@ -6,9 +6,10 @@
 // the run records nodes as usual, and Finish walks back from the outputs to the inputs. A node
 // that depends on an input, or draws random numbers, becomes a template node; anything else the
 // outputs reach (constants the region made, such as uploaded literals or an iota) is shared by
-// every instantiation, since nodes are immutable. Instantiate clones the template nodes (sharing
-// their args, types and shardings: ir::Node::Attrs) with their inputs rewired to the new call's values and fresh seeds for random ops (drawn in
-// recording order from the default generator, as recording them would draw).
+// every instantiation, since nodes are immutable. Instantiate clones the template nodes, sharing
+// their args, types and shardings (ir::Node::Attrs), with their inputs rewired to the new call's
+// values and fresh seeds for random ops (drawn in recording order from the default generator,
+// as recording them would draw).
 //
 // A region is replayable only if its run did nothing but record: no eager fallback, no sync, no
 // value read to the host (their results would be frozen into the template), and no pending

@@ -1,7 +1,8 @@
 // Kernels for the ops that move data between the host and the devices. Host->device copies
 // take a copy of the host value at once (recording them would capture the user's host tensor by
 // reference, and it may change), held on the host until used or annotated
-// (DeviceData::HeldOnHost); device->host copies materialize; device->device copies are recorded like any op.
+// (DeviceData::HeldOnHost); device->host copies materialize; device->device copies are recorded
+// like any op.
 // Tensors of other devices (cuda, ...) travel through the host, both ways.
 #include <ATen/ATen.h>
 

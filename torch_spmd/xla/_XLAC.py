@@ -26,7 +26,6 @@ from torch_spmd.distributed.spmd._sharding_type import sharding_type_of_spec
 from torch_spmd.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 
-
 def _plain(t):
     return t.global_tensor if isinstance(t, XLAShardedTensor) else t
 
@@ -300,7 +299,7 @@ class LoweringContext:
             raise RuntimeError(f"LoweringContext.{what}: call build(tensors) first")
 
     def hlo_text(self) -> str:
-        """The computation's text (torch_spmd's graph, see the module's docstring)."""
+        """The computation's text (torch_spmd's graph, see the class docstring)."""
         self._built("hlo_text")
         return f"HloModule {self._name}\n\n{self._text}"
 
