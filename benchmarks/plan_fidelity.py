@@ -88,7 +88,19 @@ class Run:
     dtype: str              # "bf16" / "fp16"
     measured_s: float
     sweep: str = ""         # rows of one sweep (same model) for the rank correlation
-    sequence_parallel: bool = False  # Megatron's: norms and residuals split over the sequence
+    # The residual stream between sublayers split over the tensor-parallel group: "sequence"
+    # (Megatron's sequence parallelism: norms and residuals split over the sequence) or
+    # "hidden" (MaxText's logical rule activation_embed -> tensor); "" keeps it whole.
+    residual: str = ""
+    # Saved activations kept in host memory instead of HBM (MaxText's offloaded remat policies):
+    # "input" (each checkpointed block's input), "qkv" (the q/k/v projections), "out" (the
+    # attention's output projection); the rest is recomputed as `remat` says.
+    offload: tuple = ()
+    # The optimizer's fp32 state sharded over the data-parallel ways (Megatron's distributed
+    # optimizer, ZeRO-1): gradients reduce-scattered into it, parameters all-gathered back.
+    distributed_optimizer: bool = False
+    # Preset fields the run's cluster sets otherwise (vTrain's cross-node bandwidth).
+    hardware_fields: dict = field(default_factory=dict)
     results: dict = field(default_factory=dict)
 
     @property
@@ -105,22 +117,27 @@ def _int(s, default=0):
     return int(float(s)) if s else default
 
 
-def vtrain_runs(path) -> List[Run]:
-    """vTrain's single-node Megatron-LM runs (A100, fp16, full activation checkpointing)."""
+# vTrain's multi-node cluster: 8 A100s per node, 800 Gbit/s per node between nodes.
+VTRAIN_MULTI_NODE = dict(cross_host_bandwidth=800e9 / 8 / 8)
+
+
+def vtrain_runs(path, group="vtrain-a100", hardware_fields=None) -> List[Run]:
+    """vTrain's Megatron-LM runs (A100, fp16, full activation checkpointing)."""
     runs = []
     with open(path) as f:
-        rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
+        rows = list(csv.DictReader(f))
     for r in rows:
-        gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp, pp, ms = r
-        gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp = map(
-            int, (gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp))
+        gpus, gbs, mbs, hidden, heads, layers, seq, tp, dp = (int(r[k]) for k in (
+            "# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
+            "# layers", "sequence length", "tensor parallelism", "data parallelism"))
+        ms = r["iteration time (ms)"]
         runs.append(Run(
-            group="vtrain-a100", name=f"h{hidden} L{layers} {gpus}gpu tp{tp} dp{dp} mbs{mbs} gbs{gbs}",
+            group=group, name=f"h{hidden} L{layers} {gpus}gpu tp{tp} dp{dp} mbs{mbs} gbs{gbs}",
             hardware="a100-80gb", chips=gpus, style="gpt", layers=layers, hidden=hidden,
             heads=heads, kv_heads=heads, head_dim=hidden // heads, ffn=4 * hidden, vocab=50257,
             seq=seq, micro_batch=mbs, global_batch=gbs, tp=tp, dp=dp, fsdp=1, remat="full",
             fused_attention=False, dtype="fp16", measured_s=float(ms) / 1e3,
-            sweep=f"h{hidden} L{layers}"))
+            sweep=f"h{hidden} L{layers}", hardware_fields=dict(hardware_fields or {})))
     return runs
 
 
@@ -170,7 +187,72 @@ def published_runs(path) -> List[Run]:
                     tp=_int(row["tp"]), dp=_int(row["dp"], 1), fsdp=1,
                     remat="attention" if selective else "full", fused_attention=False,
                     dtype="fp16", measured_s=float(row["derived_step_s"]),
-                    sequence_parallel="sequence parallel" in row["remat"]))
+                    residual="sequence" if "sequence parallel" in row["remat"] else ""))
+    return runs
+
+
+# MaxText's remat policies (its decoder layer's `remat_policy`) as the Run fields above: what
+# is recomputed, and which saved tensors live in host memory. `minimal` is JAX's
+# checkpoint_dots_with_no_batch_dims (the weight matmuls' outputs saved); the offloaded ones
+# save the named tensors in host memory and recompute the rest; a scanned layer's input is
+# always kept (in HBM unless offloaded too).
+MAXTEXT_REMAT = {
+    "full": ("full", ()),
+    "minimal": ("minimal", ()),
+    "qkv_proj_offloaded": ("full", ("qkv",)),
+}
+MAXTEXT_CHIPS = {"TPU v5e": ("tpu-v5e", "maxtext-v5e"), "TPU v5p": ("tpu-v5p", "maxtext-v5p"),
+                 "TPU v6e": ("tpu-v6e", "maxtext-v6e")}
+
+
+def maxtext_few_shot_run(row) -> Run:
+    """A MaxText run of the few-shot file: Llama-style (RMSNorm, SwiGLU, untied head), head_dim
+    128 (MaxText's default), fp32 weights cast at use, flash attention; FSDP over 'fsdp', tensor
+    parallelism over 'tensor' with the residual stream's hidden dim over 'tensor' too (its rule
+    activation_embed -> tensor); per-device batch x chips sequences per step."""
+    chips, fsdp, tp = _int(row["chips"]), _int(row["fsdp"], 1), _int(row["tp"], 1)
+    dp = _int(row["dp"], 1)
+    hw, group = next(v for k, v in MAXTEXT_CHIPS.items() if row["hw"].startswith(k))
+    remat = row["remat"]
+    if remat.startswith("custom"):  # tpu-recipes: the layer input and q/k/v/out offloaded
+        remat, offload = "full", ("input", "qkv", "out")
+    else:
+        remat, offload = MAXTEXT_REMAT[remat]
+    heads = _int(row["heads"])
+    return Run(group=group, name=f"{row['model']} fsdp{fsdp} tp{tp} {row['remat'][:20]}",
+               hardware=hw, chips=chips, style="llama", layers=_int(row["layers"]),
+               hidden=_int(row["hidden"]), heads=heads, kv_heads=_int(row["kv_heads"], heads),
+               head_dim=128, ffn=_int(row["ffn"]), vocab=_int(row["vocab"]), seq=_int(row["seq"]),
+               micro_batch=_int(row["gbs"]) // dp, global_batch=_int(row["gbs"]), tp=tp, dp=dp,
+               fsdp=fsdp, remat=remat, offload=offload, fused_attention=True, dtype="bf16",
+               measured_s=float(row["derived_step_s"]), residual="hidden" if tp > 1 else "")
+
+
+def megatron_h100_run(row) -> Run:
+    """Megatron-LM's weak-scaling GPT on H100s (MCore r0.8.0): bf16, flash attention (Transformer
+    Engine), data parallelism with the distributed optimizer (--overlap-grad-reduce
+    --overlap-param-gather imply it). The README states neither the micro batch nor the
+    recomputation: one micro-step of the whole per-GPU batch (global batch / data-parallel
+    ways), no recomputation, Megatron's defaults."""
+    chips, tp, dp = _int(row["chips"]), _int(row["tp"], 1), _int(row["dp"], 1)
+    hidden, heads, gbs = _int(row["hidden"]), _int(row["heads"]), _int(row["gbs"])
+    return Run(group="megatron-h100", name=f"{row['model']} dp{dp} tp{tp}", hardware="h100-80gb",
+               chips=chips, style="gpt", layers=_int(row["layers"]), hidden=hidden, heads=heads,
+               kv_heads=_int(row["kv_heads"], heads), head_dim=hidden // heads,
+               ffn=_int(row["ffn"]), vocab=_int(row["vocab"]), seq=_int(row["seq"]),
+               micro_batch=gbs // dp, global_batch=gbs, tp=tp, dp=dp, fsdp=1, remat="none",
+               fused_attention=True, dtype="bf16", measured_s=float(row["derived_step_s"]),
+               distributed_optimizer=True)
+
+
+def few_shot_runs(path) -> List[Run]:
+    runs = []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            if row["source"].startswith(("MaxText", "tpu-recipes")):
+                runs.append(maxtext_few_shot_run(row))
+            elif row["source"].startswith("Megatron-LM"):
+                runs.append(megatron_h100_run(row))
     return runs
 
 
@@ -194,7 +276,10 @@ def torchtitan_run(row) -> Run:
 
 def load_runs(data_dir: str) -> List[Run]:
     return (published_runs(os.path.join(data_dir, "published_runs.csv")) +
-            vtrain_runs(os.path.join(data_dir, "vtrain_a100_single_node.csv")))
+            few_shot_runs(os.path.join(data_dir, "published_runs_few_shot.csv")) +
+            vtrain_runs(os.path.join(data_dir, "vtrain_a100_single_node.csv")) +
+            vtrain_runs(os.path.join(data_dir, "vtrain_a100_multi_node_few_shot.csv"),
+                        group="vtrain-a100-multinode", hardware_fields=VTRAIN_MULTI_NODE))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,6 +398,8 @@ def _decoder(r: Run, device: str = "spmd", constrain=None):
                     x = checkpoint(block, x, use_reentrant=False)
                 elif r.remat == "selective":
                     x = checkpoint(block, x, use_reentrant=False, context_fn=torchtitan_policy)
+                elif r.remat == "minimal":
+                    x = checkpoint(block, x, use_reentrant=False, context_fn=minimal_policy)
                 else:
                     x = block(x)
             w = self.embed.weight if self.head is None else self.head.weight
@@ -346,6 +433,20 @@ def torchtitan_policy():
     return create_selective_checkpoint_contexts(policy)
 
 
+def minimal_policy():
+    """MaxText's `minimal` remat (JAX's checkpoint_dots_with_no_batch_dims): the weight
+    matmuls' results saved, everything else recomputed."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    weight_matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op in weight_matmuls else
+                CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 class MegatronOptimizer:
     """Megatron-LM's Float16OptimizerWithFloat16Params written out: AdamW on fp32 main copies
     of the 16-bit parameters, with fp32 main gradients (Megatron's main_grad buffers); each
@@ -374,6 +475,22 @@ class MegatronOptimizer:
         for p in self.params:
             p.grad = None
 
+    def shard_state(self, mesh, axis, specs):
+        """Megatron's distributed optimizer (ZeRO-1): the fp32 main copies, main gradients and
+        AdamW's moments sharded over `axis` on each tensor's largest dim the parameter's layout
+        (`specs`, one per parameter) leaves whole; the propagation then reduce-scatters the
+        gradients into them and all-gathers the updated parameters."""
+        import torch_spmd.distributed.spmd as xs
+        for spec, main, main_grad in zip(specs, self.main, self.main_grads):
+            spec = list(spec)
+            free = [d for d in range(main.dim()) if spec[d] is None]
+            if not free:
+                continue
+            spec[max(free, key=lambda d: main.shape[d])] = axis
+            for t in [main, main_grad] + [v for v in self.opt.state[main].values()
+                                          if v.dim() == main.dim()]:
+                xs.mark_sharding(t, mesh, tuple(spec))
+
 
 def make_optimizer(r: Run, params):
     """The run's optimizer: Megatron's (GPT style) or fp32 AdamW (MaxText, Llama style)."""
@@ -401,8 +518,10 @@ def warm_up(opt, params):
 
 
 def _shard(model, r: Run, mesh):
-    """Megatron tensor parallelism over 'tensor' and/or FSDP over 'fsdp'; batch over the rest."""
+    """Megatron tensor parallelism over 'tensor' and/or FSDP over 'fsdp'; batch over the rest.
+    Returns each parameter's partition spec."""
     import torch_spmd.distributed.spmd as xs
+    specs = []
     for name, p in model.named_parameters():
         spec = [None] * p.dim()
         if r.tp > 1 and p.dim() >= 1:
@@ -417,6 +536,8 @@ def _shard(model, r: Run, mesh):
                 spec[max(free, key=lambda d: p.shape[d])] = "fsdp"
         if any(s is not None for s in spec):
             xs.mark_sharding(p, mesh, tuple(spec))
+        specs.append(tuple(spec))
+    return specs
 
 
 def plan_key(r: Run) -> tuple:
@@ -424,7 +545,7 @@ def plan_key(r: Run) -> tuple:
     d = asdict(r)
     for k in ("name", "global_batch", "measured_s", "sweep", "results"):
         d.pop(k)
-    return tuple(sorted(d.items()))
+    return json.dumps(d, sort_keys=True)
 
 
 # A program's times, summed over an iteration's micro-steps (the first three are scored, the rest
@@ -447,18 +568,23 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
     started = time.perf_counter()
     keep = ("fits", "peak_bytes_per_device") + TIMES
     out = {}
-    hardware = dict(plan.resolve(r.hardware), **OVERRIDES.get(r.hardware, {}))
+    hardware = dict(plan.resolve(r.hardware), **r.hardware_fields,
+                    **OVERRIDES.get(r.hardware, {}))
     with plan.Plan(num_devices=r.chips, hardware=hardware) as p:
         mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
+        residual = {"sequence": (("data", "fsdp"), "tensor", None),
+                    "hidden": (("data", "fsdp"), None, "tensor")}.get(r.residual)
 
-        def sequence_parallel(x):  # Megatron's: the sequence split over the tensor-parallel group
-            xs.mark_sharding(x, mesh, (("data", "fsdp"), "tensor", None))
+        def split_residual(x):  # the residual stream's layout between sublayers
+            xs.mark_sharding(x, mesh, residual)
             return x
 
-        model = _decoder(r, constrain=sequence_parallel if r.sequence_parallel else None)
-        _shard(model, r, mesh)
+        model = _decoder(r, constrain=split_residual if residual else None)
+        specs = _shard(model, r, mesh)
         opt = make_optimizer(r, model.parameters())
         warm_up(opt, list(model.parameters()))
+        if r.distributed_optimizer:
+            opt.shard_state(mesh, "data", specs)
         xm.mark_step()
         idx = torch.zeros(r.micro_batch * r.dp, r.seq, dtype=torch.long, device="spmd")
         xs.mark_sharding(idx, mesh, (("data", "fsdp"), None))

@@ -59,6 +59,7 @@ SpmdAttrs SpmdAttrs::Read(const OpInfo& op, const std::vector<Arg>& args) {
     else if (name == "concat_size") a.concat_size = NonNegative(name, IntOf(name, arg));
     else if (name == "left") a.left = NonNegative(name, IntOf(name, arg));
     else if (name == "right") a.right = NonNegative(name, IntOf(name, arg));
+    else if (name == "shift") a.shift = NonNegative(name, IntOf(name, arg));
     else if (name == "value") a.value = FloatOf(name, arg);
     else if (name == "axes") {
       for (int64_t axis : IntsOf(name, arg)) a.axes.push_back(static_cast<int>(axis));
@@ -93,6 +94,10 @@ Shape SpmdOutputShape(const OpInfo& op, const Shape& input, const SpmdAttrs& a, 
     out[CheckDim("dim", a.dim, input)] = a.size;
   } else if (&op == ops.reduce_scatter || &op == ops.shard_slice) {
     out[CheckDim("dim", a.dim, input)] = DimTiling(a.size, k).tile_size;
+  } else if (&op == ops.ring_slice || &op == ops.ring_unroll) {
+    SPMD_CHECK_VALUE(k > 0 && a.size % k == 0, op.qualified, " needs an extent divisible by its ",
+                     k, " members, got ", a.size);
+    out[CheckDim("dim", a.dim, input)] = &op == ops.ring_slice ? a.size / k : a.size;
   } else if (&op == ops.all_to_all) {
     SPMD_CHECK_VALUE(a.split_dim != a.concat_dim, "all_to_all needs two different dims, got ",
                      a.split_dim, " twice");

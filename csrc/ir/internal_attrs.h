@@ -28,6 +28,7 @@ struct SpmdAttrs {
   std::vector<std::pair<int64_t, int64_t>> pairs;  // (source, destination) member indices
   int64_t left = 0;
   int64_t right = 0;
+  int64_t shift = 0;
   double value = 0;
 
   // Throws std::invalid_argument when an arg has the wrong kind or a value is out of range

@@ -28,6 +28,11 @@ const InternalOps& InternalOps::Get() {
         InternOp("spmd::collective_permute", {Tensor("self"), Ints("axes"), Ints("pairs")}, 1, true);
     o->shard_slice =
         InternOp("spmd::shard_slice", {Tensor("self"), Int("dim"), Ints("axes"), Int("size")}, 1, true);
+    o->ring_slice = InternOp("spmd::ring_slice",
+                             {Tensor("self"), Int("dim"), Ints("axes"), Int("size"), Int("shift")},
+                             1, true);
+    o->ring_unroll =
+        InternOp("spmd::ring_unroll", {Tensor("self"), Int("dim"), Ints("axes"), Int("size")}, 1, true);
     o->mask_pad = InternOp("spmd::mask_pad",
                            {Tensor("self"), Int("dim"), Ints("axes"), Int("size"), Float("value")},
                            1, true);

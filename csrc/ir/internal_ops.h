@@ -25,6 +25,14 @@
 //   shard_slice(x; dim, axes, size)      x holds the whole extent-`size` dim (the same on every
 //                                        group member): keep this member's tile, zero-padded.
 //                                        No communication.
+//   ring_slice(x; dim, axes, size, shift)  shard_slice's tile (i + shift) mod k instead of tile
+//                                        i, for member i of k (`size` divisible by k): the
+//                                        operand a windowed einsum's step t multiplies
+//                                        (partition/windowed_einsum.h). No communication.
+//   ring_unroll(x; dim, axes, size)      x holds the whole extent-`size` dim (divisible by k)
+//                                        in ring order: its tile t is tile (i + t) mod k. The
+//                                        result holds it in order (x rolled by i tiles). No
+//                                        communication.
 //   mask_pad(x; dim, axes, size, value)  x is a tile of an extent-`size` dim: write `value` to
 //                                        its padding, so a reduction reading it is unaffected.
 //   full_to_shard(x)                     manual sharding (PyTorch/XLA's SPMDFullToShardShape):
@@ -51,6 +59,8 @@ struct InternalOps {
   const OpInfo* all_to_all;
   const OpInfo* collective_permute;
   const OpInfo* shard_slice;
+  const OpInfo* ring_slice;
+  const OpInfo* ring_unroll;
   const OpInfo* mask_pad;
   const OpInfo* halo_exchange;
   const OpInfo* full_to_shard;

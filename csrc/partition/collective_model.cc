@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 namespace spmd::partition {
 
@@ -20,19 +21,61 @@ GroupPlacement PlaceGroup(const std::vector<int64_t>& group, int64_t members,
   return p;
 }
 
-double RingSteps(int64_t r, int torus_dims) {
-  if (r <= 1) return 0;
-  // The sides of a compact sub-torus of r chips: for each dimension left, the smallest divisor
-  // of what remains that is at least its share (the i-th root), so 8192 = 32 x 16 x 16.
-  int64_t rest = r, steps = 0;
+std::vector<int64_t> CompactSides(int64_t r, int torus_dims) {
+  // For each dimension left, the smallest divisor of what remains that is at least its share
+  // (the i-th root), so 8192 = 32 x 16 x 16.
+  std::vector<int64_t> sides;
+  int64_t rest = std::max<int64_t>(r, 1);
   for (int i = std::max(torus_dims, 1); i >= 1; --i) {
     const double share = std::pow(static_cast<double>(rest), 1.0 / i) - 1e-9;
     int64_t side = 1;
     while (side < rest && (side < share || rest % side != 0)) ++side;
-    steps += side - 1;
+    sides.push_back(side);
     rest /= side;
   }
-  return static_cast<double>(steps);
+  std::sort(sides.rbegin(), sides.rend());
+  return sides;
+}
+
+double RingSteps(int64_t r, int torus_dims) {
+  if (r <= 1) return 0;
+  double steps = 0;
+  for (int64_t side : CompactSides(r, torus_dims)) steps += static_cast<double>(side - 1);
+  return steps;
+}
+
+TorusSpan SpanOnTorus(const std::vector<int64_t>& members, int64_t domain_devices,
+                      int torus_dims) {
+  TorusSpan span;
+  const int64_t r = static_cast<int64_t>(members.size());
+  if (r <= 1) return span;
+  if (torus_dims <= 0 || domain_devices <= 1) {
+    span.steps = static_cast<double>(r - 1);
+    return span;
+  }
+  const std::vector<int64_t> sides = CompactSides(domain_devices, torus_dims);
+  span.steps = 0;
+  span.bandwidth_factor = 0;
+  int64_t stride = 1;
+  for (int64_t side : sides) {
+    std::vector<bool> seen(side, false);
+    int64_t extent = 0;
+    for (int64_t id : members) {
+      const int64_t c = (id % domain_devices) / stride % side;
+      if (!seen[c]) {
+        seen[c] = true;
+        ++extent;
+      }
+    }
+    stride *= side;
+    if (extent <= 1) continue;
+    span.steps += static_cast<double>(extent - 1);
+    // A whole dimension is a ring (its wraparound link closes it), part of one a line, whose
+    // far end is reached one way only: half the bandwidth.
+    span.bandwidth_factor += extent == side ? 1.0 : 0.5;
+  }
+  if (span.bandwidth_factor <= 0) span.bandwidth_factor = 1;
+  return span;
 }
 
 namespace {
@@ -66,12 +109,33 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
       t.seconds = seconds;
     }
   };
+  // Inside a domain, where the group's members sit on its torus: a ring per dimension they
+  // span, all of those dimensions' links at once (partition/collective_model.h).
+  const int64_t domain_devices =
+      hw.devices_per_domain > 0 && c.mesh_devices > 0
+          ? std::min(hw.devices_per_domain, c.mesh_devices)
+          : (hw.devices_per_domain > 0 ? hw.devices_per_domain : c.mesh_devices);
+  auto span_of = [&](const std::vector<int64_t>& members, int64_t count) {
+    if (hw.torus_dims <= 0) return TorusSpan{count - 1.0, 1.0};
+    if (members.empty() || domain_devices <= 0) {  // where they sit unknown: a compact torus
+      TorusSpan compact{RingSteps(count, hw.torus_dims), 0.0};
+      for (int64_t side : CompactSides(count, hw.torus_dims)) compact.bandwidth_factor += side > 1;
+      compact.bandwidth_factor = std::max(compact.bandwidth_factor, 1.0);
+      return compact;
+    }
+    return SpanOnTorus(members, domain_devices, hw.torus_dims);
+  };
   // One ring through the whole group: across domains, one ring per NIC of the m members a
-  // domain holds; inside one, a ring per torus dimension where the domain is a torus.
-  const double ring_bandwidth = t.crosses_hosts ? std::min(inside, m * across) : inside;
-  const double ring_steps = t.crosses_hosts ? n - 1 : RingSteps(c.group_size, hw.torus_dims);
+  // domain holds; inside one, as its torus span says.
+  const TorusSpan span = t.crosses_hosts ? TorusSpan{n - 1, 1.0} : span_of(c.first_group, c.group_size);
+  const double ring_bandwidth =
+      t.crosses_hosts ? std::min(inside, m * across) : inside * span.bandwidth_factor;
+  const double ring_steps = span.steps;
   if (c.kind == "collective-permute") {
-    consider("exchange", s / (t.crosses_hosts ? across : inside) + lat);
+    // Each member sends to one other: on a torus one link, one way (a ring's bandwidth is both
+    // ways of a dimension's two links); through a switch, the GPU's own bandwidth one way.
+    const double one_way = hw.torus_dims > 0 ? inside / 2 : inside;
+    consider("exchange", s / (t.crosses_hosts ? across : one_way) + lat);
     return t;
   }
   if (c.kind == "all-to-all") {
@@ -81,18 +145,26 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
   }
   const double phases = c.kind == "all-reduce" ? 2 : 1;
   consider("ring", RingBytes(c.kind, n, s) / ring_bandwidth + phases * ring_steps * lat);
+  // A tree sends each byte over one link per level: one dimension's ring bandwidth.
   if (c.kind == "all-reduce")
-    consider("tree", 2 * s / (kTreeBandwidthFactor * ring_bandwidth) +
+    consider("tree", 2 * s / (kTreeBandwidthFactor *
+                              (t.crosses_hosts ? std::min(inside, m * across) : inside)) +
                          2 * std::ceil(std::log2(n)) * lat);
   if (t.crosses_hosts && m > 1) {
     // Inside each domain over its m members, across domains over k members on 1/m of the data.
-    const double intra_steps = RingSteps(place.per_domain, hw.torus_dims) * lat;
+    std::vector<int64_t> local_members;
+    for (int64_t id : c.first_group)
+      if (id / hw.devices_per_domain == c.first_group[0] / hw.devices_per_domain)
+        local_members.push_back(id);
+    const TorusSpan local = span_of(local_members, place.per_domain);
+    const double intra_steps = local.steps * lat;
+    const double intra_bandwidth = inside * local.bandwidth_factor;
     if (c.kind == "all-gather") {
       consider("hierarchical", RingBytes(c.kind, k, s) / across + (k - 1) * lat +
-                                   RingBytes(c.kind, m, k * s) / inside + intra_steps);
+                                   RingBytes(c.kind, m, k * s) / intra_bandwidth + intra_steps);
     } else {
       // reduce-scatter: inside, then across; all-reduce adds the all-gather back inside.
-      const double intra = RingBytes("reduce-scatter", m, s) / inside + intra_steps;
+      const double intra = RingBytes("reduce-scatter", m, s) / intra_bandwidth + intra_steps;
       consider("hierarchical", phases * intra + RingBytes(c.kind, k, s / m) / across +
                                    phases * (k - 1) * lat);
     }

@@ -43,11 +43,28 @@ struct GroupPlacement {
 GroupPlacement PlaceGroup(const std::vector<int64_t>& group, int64_t members,
                           int64_t devices_per_domain);
 
+// The sides of a compact torus of r chips in `torus_dims` dimensions, largest first (as equal
+// as r's divisors allow: 8192 chips are 32 x 16 x 16; a prime number of chips is one ring).
+// A domain of that many chips is taken to be that torus, its device ids running along the
+// first side fastest, then the next (a mesh's last axis along one physical dimension, as
+// jax.experimental.mesh_utils lays out MaxText's).
+std::vector<int64_t> CompactSides(int64_t r, int torus_dims);
 // Latency steps of one ring phase over r members inside a domain: r-1 on a switch; on a torus
-// of `torus_dims` dimensions, a ring per dimension of the sub-torus they span, taken compact
-// (sides as equal as r's divisors allow: 8192 chips are 32 x 16 x 16, 61 steps; a prime
-// number of chips is one ring).
+// of `torus_dims` dimensions, a ring per dimension of the compact sub-torus of r chips.
 double RingSteps(int64_t r, int torus_dims);
+
+// How a group's ring phase runs on its domain's torus: a ring per dimension its members span
+// (`steps`: the sum of those extents less one), and, since each dimension has links of its
+// own, all of them at once: the data split between them (half one way round, as XLA's
+// multi-dimensional collectives and the scaling book's "multi-axis AllGather" do), so the
+// bandwidth is `bandwidth_factor` x a dimension's ring: 1 for each whole dimension spanned, a
+// half for part of one (a line, reached one way at its far end). `members` are device ids
+// (domain by domain, `domain_devices` each); a switch (torus_dims 0) is one ring.
+struct TorusSpan {
+  double steps = 0;
+  double bandwidth_factor = 1;
+};
+TorusSpan SpanOnTorus(const std::vector<int64_t>& members, int64_t domain_devices, int torus_dims);
 
 struct CollectiveTime {
   std::string kind;

@@ -1,6 +1,7 @@
 #include "partition/factor_assignment.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace spmd::partition {
 
@@ -80,6 +81,67 @@ void ProjectInto(const ShardingRule& rule, const TensorFactors& tensor, const Sh
   }
 }
 
+// Axes a tensor proposes for one factor, and how big that tensor is.
+struct Candidate {
+  AxisList axes;
+  int64_t bytes;
+  int tensor;  // operands 0.., then results
+};
+
+bool SharesAxis(const AxisList& a, const AxisList& b) {
+  for (int x : a)
+    if (std::find(b.begin(), b.end(), x) != b.end()) return true;
+  return false;
+}
+
+// Per factor of `factors` (each with candidates, largest first): the bytes that giving it its
+// largest proposer's axes moves when another factor of its iteration space wants one of those
+// axes too (0 without such a competitor): the tensors proposing them for the other factor
+// must be resharded, and a reduction factor leaves the results without it partial, to be
+// reduced (a result already counted as a proposer moves once). XLA's dot partitioner and
+// Shardy's propagation take the cheaper side of such a conflict; the larger tensor alone does
+// not tell it: an activation tiled on its hidden dim feeding a column-parallel weight whose
+// result is as large as it is cheaper gathered than contracted tiled (which moves the weight
+// and reduce-scatters the result).
+std::vector<int64_t> ConflictBytes(const ShardingRule& rule,
+                                   const std::vector<std::vector<Candidate>>& candidates,
+                                   const std::vector<int>& factors, int first_result,
+                                   const std::vector<TensorType>& result_types) {
+  std::vector<int64_t> moved(rule.factors.size(), 0);
+  std::unordered_map<int, std::vector<int>> by_group;
+  for (int f : factors) by_group[rule.factors[f].group].push_back(f);
+  for (const auto& [group, members] : by_group) {
+    if (members.size() < 2) continue;
+    for (int f : members) {
+      const AxisList& want = candidates[f][0].axes;
+      std::vector<int> counted;
+      int64_t bytes = 0;
+      for (int g : members) {
+        if (g == f) continue;
+        for (const Candidate& c : candidates[g]) {
+          if (!SharesAxis(c.axes, want) ||
+              std::find(counted.begin(), counted.end(), c.tensor) != counted.end())
+            continue;
+          counted.push_back(c.tensor);
+          bytes += c.bytes;
+        }
+      }
+      if (counted.empty()) continue;
+      if (rule.factors[f].kind == FactorKind::kReduction)
+        for (size_t r = 0; r < rule.results.size() && r < result_types.size(); ++r) {
+          bool has_f = false;
+          for (const DimFactors& dim : rule.results[r])
+            has_f |= std::find(dim.begin(), dim.end(), f) != dim.end();
+          const int id = first_result + static_cast<int>(r);
+          if (!has_f && std::find(counted.begin(), counted.end(), id) == counted.end())
+            bytes += TensorBytes(result_types[r]);
+        }
+      moved[f] = bytes;
+    }
+  }
+  return moved;
+}
+
 }  // namespace
 
 FactorAxes ProjectToFactors(const ShardingRule& rule, const TensorFactors& tensor,
@@ -110,24 +172,24 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
                          const std::vector<const Sharding*>& results,
                          const std::vector<TensorType>& result_types) {
   const size_t num_factors = rule.factors.size();
-  struct Candidate {
-    AxisList axes;
-    int64_t bytes;
-  };
   std::vector<std::vector<Candidate>> candidates(num_factors);
   FactorAxes projected(num_factors);  // (scratch: only a tensor's own factors are touched)
+  int tensor_id = 0;
   auto collect = [&](const TensorFactors& tf, const Sharding* s, const TensorType& type) {
+    const int id = tensor_id++;
     if (!s || !s->valid()) return;
     ProjectInto(rule, tf, *s, projected);
     for (const DimFactors& dim : tf)
       for (int f : dim) {
         if (projected[f].empty()) continue;
-        candidates[f].push_back({std::move(projected[f]), TensorBytes(type)});
+        candidates[f].push_back({std::move(projected[f]), TensorBytes(type), id});
         projected[f].clear();
       }
   };
-  for (size_t i = 0; i < operands.size() && i < rule.operands.size(); ++i)
-    collect(rule.operands[i], operands[i], operand_types[i]);
+  for (size_t i = 0; i < rule.operands.size(); ++i)
+    collect(rule.operands[i], i < operands.size() ? operands[i] : nullptr,
+            i < operand_types.size() ? operand_types[i] : TensorType{});
+  const int first_result = tensor_id;
   for (size_t i = 0; i < results.size() && i < rule.results.size(); ++i)
     collect(rule.results[i], results[i], result_types[i]);
 
@@ -143,9 +205,13 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
   for (size_t f = 0; f < num_factors; ++f)
     if (!candidates[f].empty() && rule.factors[f].kind != FactorKind::kNeedReplication)
       order.push_back(static_cast<int>(f));
+  const std::vector<int64_t> moved = ConflictBytes(rule, candidates, order, first_result,
+                                                   result_types);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const int pa = rule.factors[a].priority, pb = rule.factors[b].priority;
-    return pa != pb ? pa > pb : candidates[a][0].bytes > candidates[b][0].bytes;
+    if (pa != pb) return pa > pb;
+    if (moved[a] != moved[b]) return moved[a] < moved[b];
+    return candidates[a][0].bytes > candidates[b][0].bytes;
   });
 
   FactorAxes assigned(num_factors);

@@ -36,6 +36,7 @@ void ProgramBuilder::RecordCollective(const char* kind, const AxisList& axes, in
   stat.group_size = AxesSize(*mesh_, axes);
   stat.bytes = bytes;
   stat.first_group = FirstDeviceGroup(*mesh_, axes);
+  stat.mesh_devices = mesh_->size();
   stat.node = node;
   stat.scope = ir::ScopeName(scope_);
   stat.position = static_cast<int64_t>(nodes_.size()) - 1;

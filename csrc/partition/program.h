@@ -19,6 +19,7 @@ struct CollectiveStat {
   int64_t bytes = 0;      // each device's input buffer
   // The device ids of one group (all groups are alike): whether a group crosses hosts.
   std::vector<int64_t> first_group;
+  int64_t mesh_devices = 0;  // devices of the mesh it runs on (how large a TPU slice is used)
   const ir::Node* node = nullptr;  // the collective in Program::nodes
   std::string scope;  // module path of the op it was emitted for (ir/scope.h)
   int64_t position = 0;  // index of the collective in Program::nodes

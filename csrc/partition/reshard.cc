@@ -112,17 +112,40 @@ LocalValue ResolvePartial(ProgramBuilder& b, LocalValue v, const Sharding& targe
   return v;
 }
 
-// One all-to-all for an axis list that tiles dim `from` alone and must tile dim `to` alone.
+// One all-to-all for the minor axes of dim `from` that dim `to` needs next: what stays of
+// `from` is a prefix of its target tiling, `to`'s tiling a prefix of its own, and the moving
+// axes follow it there (each dim's nested tiles must match the global tiling: even
+// extents). The simplest case moves a dim's only axes to an untiled dim; FSDP's batch-sharded
+// activations meeting a hidden-sharded embedding move fsdp from the hidden dim to the batch
+// dim behind its data axis this way instead of gathering the whole batch.
 bool TryAllToAll(ProgramBuilder& b, LocalValue& v, const Sharding& target) {
+  const Mesh& mesh = v.layout.mesh();
   for (int64_t from = 0; from < v.global.rank(); ++from) {
-    const AxisList& moving = v.layout.axes(from);
-    if (moving.empty() || !target.axes(from).empty()) continue;
+    const AxisList& have_from = v.layout.axes(from);
+    const AxisList keep = CommonPrefix(have_from, target.axes(from));
+    if (keep.size() == have_from.size()) continue;
+    const AxisList moving(have_from.begin() + keep.size(), have_from.end());
     for (int64_t to = 0; to < v.global.rank(); ++to) {
-      if (to == from || !v.layout.axes(to).empty() || target.axes(to) != moving) continue;
-      Sharding layout = v.layout.WithDimAxes(from, {}).WithDimAxes(to, moving);
+      const AxisList& have_to = v.layout.axes(to);
+      const AxisList& want_to = target.axes(to);
+      if (to == from || !StartsWith(want_to, have_to) ||
+          !std::equal(moving.begin(), moving.end(), want_to.begin() + have_to.size(),
+                      want_to.begin() + std::min(want_to.size(), have_to.size() + moving.size())) ||
+          want_to.size() < have_to.size() + moving.size())
+        continue;
+      bool even_to = true, even_from = true;
+      const int64_t split = have_to.empty() ? v.global.shape[to]
+                                            : EvenExtent(v, to, have_to, mesh, &even_to);
+      const int64_t concat = keep.empty() ? v.global.shape[from]
+                                          : EvenExtent(v, from, keep, mesh, &even_from);
+      if (!even_to || !even_from || !NestedTilingMatches(v, to, have_to, moving, mesh) ||
+          !NestedTilingMatches(v, from, keep, moving, mesh))
+        continue;
+      AxisList joined = have_to;
+      joined.insert(joined.end(), moving.begin(), moving.end());
+      Sharding layout = v.layout.WithDimAxes(from, keep).WithDimAxes(to, joined);
       v = Step(b, v, Ops().all_to_all,
-               {Arg::Int(to), Arg::Int(from), AxesArg(moving), Arg::Int(v.global.shape[to]),
-                Arg::Int(v.global.shape[from])},
+               {Arg::Int(to), Arg::Int(from), AxesArg(moving), Arg::Int(split), Arg::Int(concat)},
                layout, "all-to-all", moving);
       return true;
     }

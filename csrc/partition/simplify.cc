@@ -4,6 +4,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "core/hash.h"
 #include "core/metrics.h"
 #include "partition/rules/rule.h"
 
@@ -54,11 +55,16 @@ class Simplifier {
     std::vector<ir::NodePtr> nodes;
     nodes.reserve(graph_.nodes.size());
     for (const ir::NodePtr& n : graph_.nodes) {
+      if (const ir::NodePtr same = EarlierSameView(*n, replaced)) {
+        replaced[n.get()] = same;
+        continue;
+      }
       ir::NodePtr out = Rewrite(*n, replaced);
       for (ir::NodePtr& e : extra_) nodes.push_back(std::move(e));  // (new nodes it reads)
       extra_.clear();
       if (!out) out = WithNewInputs(n, replaced);
       if (out != n) replaced[n.get()] = out;
+      NoteView(out);
       nodes.push_back(out);
     }
     if (replaced.empty()) return graph_;
@@ -84,6 +90,60 @@ class Simplifier {
   }
 
  private:
+  // Views (ShardingRule::view) are pure and hold no memory, so two views of one value with the
+  // same op and arguments are one value, as XLA's CSE makes them: each F.linear of q, k and v
+  // reshapes the same activation, and the partitioner then moves it once (its reshard cache
+  // is keyed by value), not once per projection. Only views with no run-time scalars: the
+  // partitioner numbers those node by node.
+  static bool IsPlainView(const ir::Node& n) {
+    if (n.inputs().empty() || n.num_outputs() != 1) return false;
+    for (const ir::Arg& a : n.args())
+      if (a.num_slots() != 0) return false;
+    RulePtr rule = GetRule(n);
+    return rule && rule->view != ViewKind::kNone;
+  }
+
+  static Hash ViewKey(const ir::Node& n, const std::vector<ir::Value>& inputs) {
+    Hash h = HashCombine(HashInt(reinterpret_cast<intptr_t>(n.op())), HashInt(static_cast<int64_t>(inputs.size())));
+    for (const ir::Value& in : inputs)
+      h = HashCombine(h, HashCombine(HashInt(reinterpret_cast<intptr_t>(in.node.get())), HashInt(in.index)));
+    for (const ir::Arg& a : n.args()) h = HashCombine(h, a.hash());
+    return h;
+  }
+
+  static std::vector<ir::Value> RemappedInputs(
+      const ir::Node& n, const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    std::vector<ir::Value> inputs;
+    for (const ir::Value& in : n.inputs()) inputs.push_back(Remap(in, replaced));
+    return inputs;
+  }
+
+  // An earlier view equal to `n` (on its inputs' replacements), or nullptr.
+  ir::NodePtr EarlierSameView(const ir::Node& n,
+                              const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
+    if (!IsPlainView(n)) return nullptr;
+    const std::vector<ir::Value> inputs = RemappedInputs(n, replaced);
+    auto range = views_.equal_range(ViewKey(n, inputs));
+    for (auto it = range.first; it != range.second; ++it) {
+      const ir::Node& m = *it->second;
+      if (m.op() != n.op() || m.args() != n.args() || m.outputs() != n.outputs() ||
+          m.inputs().size() != inputs.size())
+        continue;
+      bool same = true;
+      for (size_t i = 0; i < inputs.size() && same; ++i)
+        same = m.input(i).node == inputs[i].node && m.input(i).index == inputs[i].index;
+      if (same) {
+        Count("SharedViews");
+        return it->second;
+      }
+    }
+    return nullptr;
+  }
+
+  void NoteView(const ir::NodePtr& n) {
+    if (IsPlainView(*n)) views_.emplace(ViewKey(*n, n->inputs()), n);
+  }
+
   static ir::Value Remap(const ir::Value& v,
                         const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
     auto it = replaced.find(v.node.get());
@@ -320,6 +380,7 @@ class Simplifier {
   std::vector<ir::NodePtr> extra_;  // nodes a rewrite made, for Run to place before its result
   std::unordered_map<const ir::Node*, int> uses_;
   std::unordered_map<const ir::Node*, std::optional<ZerosSum>> sums_;
+  std::unordered_multimap<Hash, ir::NodePtr> views_;  // the graph's views so far, by ViewKey
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Runtime kernels of the partitioner-inserted spmd:: ops (ir/internal_ops.h): the collectives
-// go through Collectives::Current(); shard_slice and mask_pad are device-local but depend on
-// each device's position in its group; halo_exchange is two collective-permutes of edge slices.
+// go through Collectives::Current(); shard_slice, ring_slice, ring_unroll and mask_pad are
+// device-local but depend on each device's position in its group; halo_exchange is two
+// collective-permutes of edge slices.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -122,6 +123,23 @@ DeviceTensors ShardSlice(const Call& c) {
   });
 }
 
+// Tile (index + shift) mod k of an even extent: a windowed einsum's operand at one step.
+DeviceTensors RingSlice(const Call& c) {
+  const int64_t k = c.groups.group_size(), tile = c.attrs.size / k, dim = c.attrs.dim;
+  return MapLocal(c, [&](const at::Tensor& x, int64_t index) {
+    CheckExtent(c, x, dim, c.attrs.size);
+    return x.narrow(dim, (index + c.attrs.shift) % k * tile, tile).contiguous();
+  });
+}
+
+// The dim in ring order (tile t is tile index + t) put back in order: rolled by index tiles.
+DeviceTensors RingUnroll(const Call& c) {
+  const int64_t tile = c.attrs.size / c.groups.group_size(), dim = c.attrs.dim;
+  return MapLocal(c, [&](const at::Tensor& x, int64_t index) {
+    CheckExtent(c, x, dim, c.attrs.size);
+    return index == 0 ? x : at::roll(x, {index * tile}, {dim});
+  });
+}
 
 DeviceTensors MaskPad(const Call& c) {
   const DimTiling tiling(c.attrs.size, c.groups.group_size());
@@ -192,7 +210,8 @@ void Register(const ir::OpInfo* op, Kernel kernel) {
 
 void RegisterCollectiveKernels() {
   RegisterSpmdOpKernels<Kernel>({AllGather, AllReduce, ReduceScatter, AllToAll,
-                                 CollectivePermute, ShardSlice, MaskPad, HaloExchange},
+                                 CollectivePermute, ShardSlice, RingSlice, RingUnroll, MaskPad,
+                                 HaloExchange},
                                 Register);
 }
 

@@ -33,7 +33,7 @@ const StackedKernel* FindStackedKernel(const std::string& qualified_name);
 template <typename Kernel>
 struct SpmdOpKernels {
   Kernel all_gather, all_reduce, reduce_scatter, all_to_all, collective_permute, shard_slice,
-      mask_pad, halo_exchange;
+      ring_slice, ring_unroll, mask_pad, halo_exchange;
 };
 // Calls register_one(op, kernel) for each op of `kernels`.
 template <typename Kernel, typename RegisterOne>
@@ -45,6 +45,8 @@ void RegisterSpmdOpKernels(const SpmdOpKernels<Kernel>& k, RegisterOne register_
                                    {ops.all_to_all, k.all_to_all},
                                    {ops.collective_permute, k.collective_permute},
                                    {ops.shard_slice, k.shard_slice},
+                                   {ops.ring_slice, k.ring_slice},
+                                   {ops.ring_unroll, k.ring_unroll},
                                    {ops.mask_pad, k.mask_pad},
                                    {ops.halo_exchange, k.halo_exchange}})
     register_one(op, kernel);

@@ -224,6 +224,35 @@ std::vector<Stacked> ShardSlice(const Call& c) {
   })};
 }
 
+// Tile (member + shift) mod k of an even extent (ring_slice): ShardSlice's pick, shifted.
+std::vector<Stacked> RingSlice(const Call& c) {
+  const int64_t k = c.k(), tile = c.attrs.size / k, dim = c.attrs.dim;
+  SPMD_CHECK_VALUE(dim >= 0 && dim < c.shard.dim() && c.shard.size(dim) == c.attrs.size,
+                   c.node.op()->qualified, ": each device's input must have extent ",
+                   c.attrs.size, " on dim ", dim, ", got ", c.shard.sizes());
+  return {PerMember(c, [&](const at::Tensor& rows, const std::vector<int64_t>& source,
+                           const std::vector<int64_t>& member) {
+    at::Tensor tiles = rows.unflatten(dim + 1, {k, tile}).movedim(dim + 1, 1);
+    std::vector<int64_t> shifted(member.size());
+    for (size_t r = 0; r < member.size(); ++r) shifted[r] = (member[r] + c.attrs.shift) % k;
+    return PickTiles(tiles, source, shifted);
+  })};
+}
+
+// Each row's dim put back in order from ring order (ring_unroll): rolled by its member's tiles.
+std::vector<Stacked> RingUnroll(const Call& c) {
+  const int64_t tile = c.attrs.size / c.k(), dim = c.attrs.dim;
+  SPMD_CHECK_VALUE(dim >= 0 && dim < c.shard.dim() && c.shard.size(dim) == c.attrs.size,
+                   c.node.op()->qualified, ": each device's input must have extent ",
+                   c.attrs.size, " on dim ", dim, ", got ", c.shard.sizes());
+  return {PerMember(c, [&](const at::Tensor& rows, const std::vector<int64_t>& source,
+                           const std::vector<int64_t>& member) {
+    std::vector<at::Tensor> out;
+    for (size_t r = 0; r < member.size(); ++r)
+      out.push_back(at::roll(rows.select(0, source[r]), {member[r] * tile}, {dim}));
+    return at::stack(out);
+  })};
+}
 
 std::vector<Stacked> MaskPad(const Call& c) {
   const DimTiling tiling(c.attrs.size, c.k());
@@ -314,7 +343,8 @@ std::vector<Stacked> RunMeshKernel(const ir::Node& node,
 
 void RegisterStackedKernels() {
   RegisterSpmdOpKernels<Kernel>({AllGather, AllReduce, ReduceScatter, AllToAll,
-                                 CollectivePermute, ShardSlice, MaskPad, HaloExchange},
+                                 CollectivePermute, ShardSlice, RingSlice, RingUnroll, MaskPad,
+                                 HaloExchange},
                                 Register);
 }
 

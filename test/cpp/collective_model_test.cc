@@ -70,6 +70,54 @@ TEST(RingStepsTest, ARingPerTorusDimension) {
   EXPECT_EQ(RingSteps(1, 3), 0.0);
 }
 
+TEST(SpanOnTorusTest, WhereAMeshAxisSitsOnTheSlice) {
+  // A v5e-256 slice is 16 x 16, ids along the first side fastest. Mesh (fsdp 16, tensor 16):
+  // a tensor group is one whole dimension (a ring: 15 steps, one dimension's bandwidth), an
+  // fsdp group (stride 16) the other.
+  TorusSpan tp = SpanOnTorus(Ids(0, 16), 256, 2);
+  EXPECT_EQ(tp.steps, 15);
+  EXPECT_EQ(tp.bandwidth_factor, 1);
+  TorusSpan fsdp = SpanOnTorus(Ids(3, 16, 16), 256, 2);
+  EXPECT_EQ(fsdp.steps, 15);
+  EXPECT_EQ(fsdp.bandwidth_factor, 1);
+  // All 256 chips: both dimensions' links at once.
+  TorusSpan all = SpanOnTorus(Ids(0, 256), 256, 2);
+  EXPECT_EQ(all.steps, 30);
+  EXPECT_EQ(all.bandwidth_factor, 2);
+  // Four neighbours of a 16-chip dimension: a line, no wraparound link, half the bandwidth.
+  TorusSpan line = SpanOnTorus(Ids(4, 4), 256, 2);
+  EXPECT_EQ(line.steps, 3);
+  EXPECT_EQ(line.bandwidth_factor, 0.5);
+  // 512 v5p chips are 8 x 8 x 8; mesh (fsdp 64, tensor 8): tensor one dimension, fsdp two.
+  EXPECT_EQ(SpanOnTorus(Ids(0, 8), 512, 3).bandwidth_factor, 1);
+  TorusSpan f = SpanOnTorus(Ids(1, 64, 8), 512, 3);
+  EXPECT_EQ(f.steps, 14);
+  EXPECT_EQ(f.bandwidth_factor, 2);
+  // Ids of a second slice sit where the first slice's would.
+  EXPECT_EQ(SpanOnTorus(Ids(512, 8), 512, 3).steps, 7);
+  EXPECT_EQ(CompactSides(1024, 3), (std::vector<int64_t>{16, 8, 8}));
+}
+
+TEST(CollectiveModelTest, FsdpOverATwoDimensionalSliceUsesBothDimensions) {
+  // v5e-like: 16 x 16 chips, 100e9 B/s a dimension's ring. An all-gather of 1e7 B shards over
+  // all 256: 255 * 1e7 / (2 * 100e9) + 30 steps; over one row of 16: 15 * 1e7 / 100e9 + 15.
+  Hardware hw;
+  hw.ring_bandwidth = 100e9;
+  hw.torus_dims = 2;
+  hw.devices_per_domain = 256;
+  hw.link_latency = 5e-6;
+  partition::CollectiveStat all = Stat("all-gather", 10000000, Ids(0, 256));
+  all.mesh_devices = 256;
+  EXPECT_TRUE(Close(CollectiveSeconds(all, hw).seconds, 255 * 1e7 / 200e9 + 30 * 5e-6));
+  partition::CollectiveStat row = Stat("all-gather", 10000000, Ids(0, 16));
+  row.mesh_devices = 256;
+  EXPECT_TRUE(Close(CollectiveSeconds(row, hw).seconds, 15 * 1e7 / 100e9 + 15 * 5e-6));
+  // A collective-permute to a neighbour: one link one way, half a dimension's ring.
+  partition::CollectiveStat shift = Stat("collective-permute", 10000000, Ids(0, 16));
+  shift.mesh_devices = 256;
+  EXPECT_TRUE(Close(CollectiveSeconds(shift, hw).seconds, 1e7 / 50e9 + 5e-6));
+}
+
 TEST(CollectiveModelTest, EightGpusInOneHostAgainstSixteenOnTwo) {
   const Hardware hw = GpuCluster();
   const double s = 1e9;
@@ -105,28 +153,30 @@ TEST(CollectiveModelTest, TinyAllReduceOnEightThousandChipsCostsMicroseconds) {
   CollectiveTime g = CollectiveSeconds(Stat("all-reduce", 4, Ids(0, 8192)), GpuCluster());
   EXPECT_EQ(g.algorithm, "tree");
   EXPECT_LT(g.seconds, 1e-4);
-  // A large all-reduce stays on the ring (a ring per dimension of 16 x 16 x 16: 2 * 45 steps):
-  // the tree's 2 s at 0.92 x the bandwidth costs more than its fewer steps save.
+  // A large all-reduce stays on the ring (a ring per dimension of 16 x 16 x 16: 2 * 45 steps,
+  // the three dimensions' links at once: 3 x 200e9): the tree's 2 s at 0.92 x one dimension's
+  // bandwidth costs more than its fewer steps save.
   CollectiveTime big = CollectiveSeconds(Stat("all-reduce", 1000000000, Ids(0, 4096)), TpuSlices(0));
   EXPECT_EQ(big.algorithm, "ring");
-  EXPECT_TRUE(Close(big.seconds, 2 * 4095.0 / 4096 * 1e9 / 200e9 + 90 * 5e-6)) << big.seconds;
+  EXPECT_TRUE(Close(big.seconds, 2 * 4095.0 / 4096 * 1e9 / 600e9 + 90 * 5e-6)) << big.seconds;
 }
 
 TEST(CollectiveModelTest, MultiSliceTrafficCrossesDcn) {
   const double s = 1e8;
   // 8 chips on two slices of 4. Inside one slice (the slice boundary unknown to the model,
-  // devices_per_domain = 0) the all-reduce rides ICI: 2 * 7/8 * 1e8 / 200e9 + 2 * RingSteps(8)
-  // steps of 5 us.
+  // devices_per_domain = 0) the all-reduce rides ICI, a 2 x 2 x 2 torus, all three dimensions
+  // at once: 2 * 7/8 * 1e8 / (3 * 200e9) + 2 * RingSteps(8) steps of 5 us.
   CollectiveTime ici = CollectiveSeconds(Stat("all-reduce", 100000000, Ids(0, 8)), TpuSlices(0));
   EXPECT_FALSE(ici.crosses_hosts);
-  EXPECT_TRUE(Close(ici.seconds, 2 * 7.0 / 8 * s / 200e9 + 2 * RingSteps(8, 3) * 5e-6)) << ici.seconds;
-  // With 4-chip slices, hierarchically: reduce-scatter over each slice's 4 chips (3/4 * 1e8 /
-  // 200e9 + 2 steps), all-reduce across the 2 slices of each chip's quarter over its DCN
-  // (2 * 1/2 * 2.5e7 / 6.25e9 + 2 steps), all-gather in the slice again.
+  EXPECT_TRUE(Close(ici.seconds, 2 * 7.0 / 8 * s / 600e9 + 2 * RingSteps(8, 3) * 5e-6)) << ici.seconds;
+  // With 4-chip slices, hierarchically: reduce-scatter over each slice's 4 chips (a 2 x 2 x 1
+  // torus, two dimensions at once: 3/4 * 1e8 / 400e9 + 2 steps), all-reduce across the 2
+  // slices of each chip's quarter over its DCN (2 * 1/2 * 2.5e7 / 6.25e9 + 2 steps), all-gather
+  // in the slice again.
   CollectiveTime dcn = CollectiveSeconds(Stat("all-reduce", 100000000, Ids(0, 8)), TpuSlices(4));
   EXPECT_TRUE(dcn.crosses_hosts);
   EXPECT_EQ(dcn.algorithm, "hierarchical");
-  const double intra = 0.75 * s / 200e9 + RingSteps(4, 3) * 5e-6;
+  const double intra = 0.75 * s / 400e9 + RingSteps(4, 3) * 5e-6;
   EXPECT_TRUE(Close(dcn.seconds, 2 * intra + 2.5e7 / 6.25e9 + 2 * 5e-6)) << dcn.seconds;
   EXPECT_GT(dcn.seconds, 4 * ici.seconds);
   // A data-parallel axis across slices, one chip in each: everything over one DCN link.
@@ -139,7 +189,7 @@ TEST(CollectiveModelTest, MultiSliceTrafficCrossesDcn) {
   // An all-gather: the shard across slices first, then the slice's gathered pieces inside.
   CollectiveTime ag = CollectiveSeconds(Stat("all-gather", 1000000, Ids(0, 8)), TpuSlices(4));
   EXPECT_EQ(ag.algorithm, "hierarchical");
-  EXPECT_TRUE(Close(ag.seconds, 1e6 / 6.25e9 + 5e-6 + 3 * 2e6 / 200e9 + RingSteps(4, 3) * 5e-6))
+  EXPECT_TRUE(Close(ag.seconds, 1e6 / 6.25e9 + 5e-6 + 3 * 2e6 / 400e9 + RingSteps(4, 3) * 5e-6))
       << ag.seconds;
 }
 
