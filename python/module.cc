@@ -100,6 +100,8 @@ void BindGraph(py::module_& m) {
   m.def("_partitioned_program", &aten::PartitionedProgramText);
   m.def("_set_defer_output_reductions", &aten::SetDeferOutputReductions);
   m.def("_defer_output_reductions", &aten::DeferOutputReductions);
+  m.def("_set_collective_matmul", &aten::SetWindowedEinsum);
+  m.def("_collective_matmul", &aten::WindowedEinsum);
   m.def("_last_step_stats", [] {
     partition::ProgramStats s = aten::LastStepStats();
     auto to_list = [](const std::vector<partition::CollectiveStat>& stats) {

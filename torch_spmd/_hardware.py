@@ -34,6 +34,13 @@ Every number is per device (a TPU chip or a GPU). Fields:
 
 - ``kernel_overhead``: seconds the host takes to issue one kernel; the device cannot run an op
   before the host has issued it (eager PyTorch on GPUs; 0 for XLA's compiled TPU programs).
+- ``collective_matmul_bytes``: the runtime decomposes a tensor-parallel matmul's all-gather or
+  reduce-scatter of at least this many bytes per device into a ring of collective-permutes
+  overlapping partial matmuls (``torch_spmd.runtime.set_collective_matmul``); a plan on the
+  preset partitions so (``Plan(collective_matmul=...)`` overrides it). TPU presets: 1 MiB (XLA's
+  async collective fusion and windowed einsums, on in MaxText's XLA flags); GPU presets: None
+  (off: torchtitan's async tensor parallelism and Megatron's ``--tp-comm-overlap`` are
+  options; pass ``collective_matmul=True`` to plan with them).
 
 **Fitted constants.** ``benchmarks/plan_fidelity.py`` fits at most two numbers per preset on
 the measured runs of ``../shared/plan_calibration`` (never per model or per row), and they are
@@ -114,6 +121,9 @@ GIB = 1 << 30
 
 # A user's own dict without efficiencies: the peak (module docstring, "Fitted constants").
 PLACEHOLDER_EFFICIENCY = 1.0
+# XLA on TPUs overlaps tensor-parallel collectives of at least this size with their matmuls
+# (module docstring, ``collective_matmul_bytes``).
+TPU_COLLECTIVE_MATMUL_BYTES = 1 << 20
 
 
 def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips, dcn_bandwidth,
@@ -122,7 +132,8 @@ def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips
                 matmul_efficiency=matmul_efficiency, matmul_tile=tile, hbm_bytes=hbm_bytes,
                 hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
                 ring_bandwidth=2 * link_bandwidth, torus_dims=torus_dims,
-                devices_per_slice=slice_chips, dcn_bandwidth=dcn_bandwidth, link_latency=5e-6)
+                devices_per_slice=slice_chips, dcn_bandwidth=dcn_bandwidth, link_latency=5e-6,
+                collective_matmul_bytes=TPU_COLLECTIVE_MATMUL_BYTES)
 
 
 def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth, sms,
@@ -245,4 +256,9 @@ def _with_defaults(hw: dict) -> dict:
     hw.setdefault("torus_dims", 0)
     hw.setdefault("link_latency", 0.0)
     hw.setdefault("all_gather_prefetch", 0)
+    hw.setdefault("collective_matmul_bytes", None)
+    cm = hw["collective_matmul_bytes"]
+    if cm is not None and (isinstance(cm, bool) or not isinstance(cm, int) or cm < 0):
+        raise ValueError(f"hardware collective_matmul_bytes must be None (off) or an int >= 0, "
+                         f"got {cm!r}")
     return hw

@@ -239,3 +239,54 @@ def defer_output_reductions(defer: bool = True) -> Iterator[None]:
         yield
     finally:
         set_defer_output_reductions(previous)
+
+
+def set_collective_matmul(threshold_bytes: Optional[int] = 0,
+                          min_step_extent: int = 128) -> None:
+    """Collective matmul (XLA's windowed einsum, JAX's collective matmul, torchtitan's async
+    tensor parallelism) for the steps that follow; ``None`` turns it off (the default).
+
+    A matmul whose activation the partitioner would all-gather first, or whose partial result
+    it would reduce-scatter after, runs instead as one partial matmul per member of the group,
+    with the operand's (or the running sum's) chunks passed around the group's ring by
+    collective-permutes in both directions, each transfer overlapping a partial product.
+    Applies to ``mm``, ``bmm`` and ``matmul`` where that collective moves at least
+    ``threshold_bytes`` per device (0: every one), the windowed dim splits evenly and each
+    step keeps at least ``min_step_extent`` of it (thinner partial products waste a matrix
+    unit), and the gathered operand is not a weight (a parameter, cast or transposed, waits for
+    no compute: its gather is issued ahead instead). The values are the same up to the order of
+    the partial sums; programs compiled under each setting are cached separately. Plan mode
+    turns it on for the duration of a plan on presets whose runtime does it (TPUs: XLA's async
+    collective fusion and windowed einsums), see ``torch_spmd.plan.Plan``.
+    """
+    if isinstance(min_step_extent, bool) or not isinstance(min_step_extent, int) or \
+            min_step_extent < 1:
+        raise ValueError(f"set_collective_matmul: min_step_extent must be an int >= 1, got "
+                         f"{min_step_extent!r}")
+    if threshold_bytes is None:
+        _C._set_collective_matmul(-1, min_step_extent)
+        return
+    if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or \
+            threshold_bytes < 0:
+        raise ValueError(f"set_collective_matmul: threshold_bytes must be None (off) or an int "
+                         f">= 0, got {threshold_bytes!r}")
+    _C._set_collective_matmul(threshold_bytes, min_step_extent)
+
+
+def collective_matmul_threshold() -> Optional[int]:
+    """The bytes from which collective matmul applies (``set_collective_matmul``); None: off."""
+    b = _C._collective_matmul()[0]
+    return None if b < 0 else b
+
+
+@contextlib.contextmanager
+def collective_matmul(threshold_bytes: Optional[int] = 0,
+                      min_step_extent: int = 128) -> Iterator[None]:
+    """``set_collective_matmul(threshold_bytes, min_step_extent)`` for the steps run inside
+    the block."""
+    previous, previous_extent = _C._collective_matmul()
+    set_collective_matmul(threshold_bytes, min_step_extent)
+    try:
+        yield
+    finally:
+        _C._set_collective_matmul(previous, previous_extent)

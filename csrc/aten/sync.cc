@@ -591,6 +591,17 @@ bool DeferOutputReductions() {
   return Options().defer_output_reductions;
 }
 
+void SetWindowedEinsum(int64_t bytes, int64_t min_step_extent) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  Options().windowed_einsum_bytes = bytes < 0 ? -1 : bytes;
+  Options().windowed_einsum_min_extent = std::max<int64_t>(min_step_extent, 1);
+}
+
+std::pair<int64_t, int64_t> WindowedEinsum() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return {Options().windowed_einsum_bytes, Options().windowed_einsum_min_extent};
+}
+
 std::shared_ptr<const partition::Program> LastProgram() {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   return Last().program;

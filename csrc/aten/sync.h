@@ -38,6 +38,10 @@ std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors);
 // compile cache key.
 void SetDeferOutputReductions(bool defer);
 bool DeferOutputReductions();
+// Collective matmul (partition/windowed_einsum.h) for collectives of at least `bytes` per
+// device (-1, any negative: off) whose steps keep `min_step_extent` of the windowed dim.
+void SetWindowedEinsum(int64_t bytes, int64_t min_step_extent);
+std::pair<int64_t, int64_t> WindowedEinsum();  // (bytes, min_step_extent)
 
 // The program of the most recent step (executed or planned) and the parameters that step
 // donated; null before the first step.

@@ -60,6 +60,8 @@ SpmdAttrs SpmdAttrs::Read(const OpInfo& op, const std::vector<Arg>& args) {
     else if (name == "left") a.left = NonNegative(name, IntOf(name, arg));
     else if (name == "right") a.right = NonNegative(name, IntOf(name, arg));
     else if (name == "shift") a.shift = NonNegative(name, IntOf(name, arg));
+    else if (name == "parts") a.parts = IntOf(name, arg);
+    else if (name == "part") a.part = NonNegative(name, IntOf(name, arg));
     else if (name == "value") a.value = FloatOf(name, arg);
     else if (name == "axes") {
       for (int64_t axis : IntsOf(name, arg)) a.axes.push_back(static_cast<int>(axis));
@@ -95,9 +97,12 @@ Shape SpmdOutputShape(const OpInfo& op, const Shape& input, const SpmdAttrs& a, 
   } else if (&op == ops.reduce_scatter || &op == ops.shard_slice) {
     out[CheckDim("dim", a.dim, input)] = DimTiling(a.size, k).tile_size;
   } else if (&op == ops.ring_slice || &op == ops.ring_unroll) {
-    SPMD_CHECK_VALUE(k > 0 && a.size % k == 0, op.qualified, " needs an extent divisible by its ",
-                     k, " members, got ", a.size);
-    out[CheckDim("dim", a.dim, input)] = &op == ops.ring_slice ? a.size / k : a.size;
+    const int64_t pieces = &op == ops.ring_slice ? k * a.parts : k;
+    SPMD_CHECK_VALUE(a.parts >= 1 && a.part < a.parts, op.qualified, ": part ", a.part,
+                     " of ", a.parts, " parts");
+    SPMD_CHECK_VALUE(k > 0 && a.size % pieces == 0, op.qualified, " needs an extent divisible by ",
+                     pieces, " pieces, got ", a.size);
+    out[CheckDim("dim", a.dim, input)] = &op == ops.ring_slice ? a.size / pieces : a.size;
   } else if (&op == ops.all_to_all) {
     SPMD_CHECK_VALUE(a.split_dim != a.concat_dim, "all_to_all needs two different dims, got ",
                      a.split_dim, " twice");

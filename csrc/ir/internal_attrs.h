@@ -29,6 +29,8 @@ struct SpmdAttrs {
   int64_t left = 0;
   int64_t right = 0;
   int64_t shift = 0;
+  int64_t parts = 1;
+  int64_t part = 0;
   double value = 0;
 
   // Throws std::invalid_argument when an arg has the wrong kind or a value is out of range

@@ -29,7 +29,8 @@ const InternalOps& InternalOps::Get() {
     o->shard_slice =
         InternOp("spmd::shard_slice", {Tensor("self"), Int("dim"), Ints("axes"), Int("size")}, 1, true);
     o->ring_slice = InternOp("spmd::ring_slice",
-                             {Tensor("self"), Int("dim"), Ints("axes"), Int("size"), Int("shift")},
+                             {Tensor("self"), Int("dim"), Ints("axes"), Int("size"), Int("shift"),
+                              Int("parts"), Int("part")},
                              1, true);
     o->ring_unroll =
         InternOp("spmd::ring_unroll", {Tensor("self"), Int("dim"), Ints("axes"), Int("size")}, 1, true);

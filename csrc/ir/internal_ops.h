@@ -25,9 +25,11 @@
 //   shard_slice(x; dim, axes, size)      x holds the whole extent-`size` dim (the same on every
 //                                        group member): keep this member's tile, zero-padded.
 //                                        No communication.
-//   ring_slice(x; dim, axes, size, shift)  shard_slice's tile (i + shift) mod k instead of tile
-//                                        i, for member i of k (`size` divisible by k): the
-//                                        operand a windowed einsum's step t multiplies
+//   ring_slice(x; dim, axes, size, shift, parts, part)
+//                                        x holds the whole extent-`size` dim (divisible by
+//                                        k parts): piece `part` of `parts` of tile
+//                                        (i + shift) mod k, for member i of k: the operand a
+//                                        windowed einsum's step multiplies
 //                                        (partition/windowed_einsum.h). No communication.
 //   ring_unroll(x; dim, axes, size)      x holds the whole extent-`size` dim (divisible by k)
 //                                        in ring order: its tile t is tile (i + t) mod k. The

@@ -131,10 +131,12 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
   const double ring_bandwidth =
       t.crosses_hosts ? std::min(inside, m * across) : inside * span.bandwidth_factor;
   const double ring_steps = span.steps;
+  t.channel = c.channel;
   if (c.kind == "collective-permute") {
     // Each member sends to one other: on a torus one link, one way (a ring's bandwidth is both
     // ways of a dimension's two links); through a switch, the GPU's own bandwidth one way.
     const double one_way = hw.torus_dims > 0 ? inside / 2 : inside;
+    if (hw.torus_dims > 0 && !t.crosses_hosts && span.bandwidth_factor < 1) t.channel = 0;
     consider("exchange", s / (t.crosses_hosts ? across : one_way) + lat);
     return t;
   }

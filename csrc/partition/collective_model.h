@@ -73,6 +73,10 @@ struct CollectiveTime {
   std::string algorithm;  // ring, tree, hierarchical, pairwise, exchange; empty: a group of one
   double start = 0;            // in the step's schedule (partition/step_schedule.h)
   double exposed_seconds = 0;  // of the compute stream's waiting, the part charged to this one
+  // The links it takes (CollectiveStat::channel), except that a permute around a ring whose
+  // members lie on a line (part of a torus dimension, no wraparound link) takes both
+  // directions: its wrapping pair travels back along every link.
+  int channel = 0;
 };
 
 CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw);

@@ -68,13 +68,22 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
     launches.push_back(t.launches);
     e.compute_seconds += t.seconds();
   }
+  const bool directions_apart = hw.torus_dims > 0;
+  double one_way[2] = {0, 0};  // permutes of each direction, beside each other on a torus
+  std::vector<int> channels;
   for (const CollectiveStat& c : stats.collectives) {
     e.collective_seconds.push_back(CollectiveSeconds(c, hw));
-    collective_seconds.push_back(e.collective_seconds.back().seconds);
-    e.communication_seconds += collective_seconds.back();
+    const CollectiveTime& t = e.collective_seconds.back();
+    collective_seconds.push_back(t.seconds);
+    channels.push_back(t.channel);
+    if (directions_apart && t.channel > 0)
+      one_way[t.channel - 1] += t.seconds;
+    else
+      e.communication_seconds += t.seconds;
   }
+  e.communication_seconds += std::max(one_way[0], one_way[1]);
   StepSchedule s = ScheduleStep(stats, op_seconds, collective_seconds, hw.all_gather_prefetch,
-                                launches, hw.kernel_overhead);
+                                launches, hw.kernel_overhead, directions_apart, channels);
   for (size_t j = 0; j < e.collective_seconds.size(); ++j) {
     e.collective_seconds[j].start = s.collective_start[j];
     e.collective_seconds[j].exposed_seconds = s.collective_exposed[j];
@@ -90,7 +99,8 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
     // critical path (its schedule with the host infinitely fast). The difference is the device
     // waiting for the host, outside the per-op timeline.
     const double device = ScheduleStep(stats, op_seconds, collective_seconds,
-                                       hw.all_gather_prefetch).seconds;
+                                       hw.all_gather_prefetch, {}, 0, directions_apart,
+                                       channels).seconds;
     const double balanced = HostDeviceSeconds(host, device);
     if (balanced > e.step_seconds) {
       e.host_bound_seconds += balanced - e.step_seconds;

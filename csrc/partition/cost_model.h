@@ -40,7 +40,9 @@ struct StepEstimate {
   double memory_bound_seconds = 0;   // and ops limited by their HBM traffic
   // The compute stream idle while the host still issues kernels (Hardware::kernel_overhead).
   double host_bound_seconds = 0;
-  double communication_seconds = 0;  // the collectives, one after another
+  // The collectives one after another, those of opposite directions on a torus beside each
+  // other (CollectiveStat::channel): how long the links are busy.
+  double communication_seconds = 0;
   double step_seconds = 0;           // the two-stream schedule's critical path
   // Time the compute stream waits for communication: step_seconds - compute_seconds.
   double exposed_communication_seconds = 0;

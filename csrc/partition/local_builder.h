@@ -129,6 +129,23 @@ class LocalBuilder {
   // Resolves pending partial sums (all-reduce), keeping the tiling.
   LocalValue Resolve(const LocalValue& v) { return Reshard(program_, v, v.layout.WithoutPartial()); }
 
+  // A lowering that runs in steps interleaved with communication (partition/windowed_einsum.h)
+  // marks where each step's nodes begin: the partitioner then records the op's cost as one
+  // entry per step, each with `share` of its FLOPs and bytes and of its GEMM extent
+  // `gemm_extent` ('m', 'n' or 'k'; share 0: an op fused into the step before, which costs
+  // nothing but waits for what it reads), so the step-time model overlaps each transfer with
+  // the steps around it. A step's first node must be the first to read the collective it
+  // waits for (a collective read later inside an op is waited for by the next op).
+  struct CostStep {
+    size_t first_node;
+    double share;
+    char gemm_extent;
+  };
+  void BeginCostStep(double share, char gemm_extent) {
+    cost_steps_.push_back(CostStep{program_.nodes().size(), share, gemm_extent});
+  }
+  const std::vector<CostStep>& cost_steps() const { return cost_steps_; }
+
  private:
   ProgramBuilder& program_;
   const ir::Node& node_;
@@ -136,6 +153,7 @@ class LocalBuilder {
   std::vector<AxisList> factor_axes_;
   std::vector<Sharding> result_layouts_;
   int32_t first_scalar_slot_;
+  std::vector<CostStep> cost_steps_;
 };
 
 }  // namespace spmd::partition

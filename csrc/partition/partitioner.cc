@@ -11,6 +11,7 @@
 #include "partition/local_builder.h"
 #include "partition/propagate.h"
 #include "partition/simplify.h"
+#include "partition/windowed_einsum.h"
 
 namespace spmd::partition {
 
@@ -56,6 +57,21 @@ class Partitioner {
     for (const ir::NodePtr& n : graph.nodes) {
       scalar_base_[n.get()] = slot;
       for (const ir::Arg& a : n->args()) slot += a.num_slots();
+    }
+    // Weights: device data, and what pointwise ops and views make of weights alone (a
+    // parameter cast to the compute dtype, transposed). Their gathers wait for no compute.
+    for (const ir::NodePtr& n : graph.nodes) {
+      if (n->is_data()) {
+        weights_.insert(n.get());
+        continue;
+      }
+      const ShardingRule* rule = prop_.RuleOf(n.get());
+      if (!rule || n->inputs().empty() ||
+          !(IsPointwise(*rule) || rule->view != ViewKind::kNone))
+        continue;
+      bool all = true;
+      for (const ir::Value& in : n->inputs()) all &= weights_.count(in.node.get()) > 0;
+      if (all) weights_.insert(n.get());
     }
   }
 
@@ -235,9 +251,19 @@ class Partitioner {
     const std::vector<int> passing = PartialPassingOperands(n, *rule, fa);
     AxisList passed;  // partial-sum axes carried through the op into its results
     std::vector<LocalValue> operands;
+    std::optional<WindowedEinsum> windowed;
+    int64_t gathered_bytes = 0;  // what a windowed operand's steps read besides its own tile
     for (size_t i = 0; i < n.inputs().size(); ++i) {
       Sharding want = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->operands[i], fa));
       LocalValue v = Local(n.input(i));
+      if (!windowed && passing.empty())
+        windowed = PlanWindowedGather(n, *rule, *mesh_, static_cast<int>(i), v.layout, want,
+                                      Windowing(weights_.count(n.input(i).node.get()) > 0));
+      if (windowed && windowed->operand == static_cast<int>(i)) {  // gathered step by step
+        gathered_bytes = v.value.type().bytes() * (AxesSize(*mesh_, windowed->axes) - 1);
+        operands.push_back(std::move(v));
+        continue;
+      }
       bool shape_only = i < rule->shape_only_operands.size() && rule->shape_only_operands[i];
       if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
       const bool options_only =
@@ -280,11 +306,19 @@ class Partitioner {
       }
       result_layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
     }
+    if (!windowed && passed.empty() && n.num_outputs() == 1) {
+      ir::Value out{graph_.nodes[graph_.PositionOf(&n)], 0};
+      windowed = PlanWindowedScatter(n, *rule, *mesh_, result_layouts[0], prop_.Get(out),
+                                     Windowing(false));
+    }
     RecordCost(n, &*rule, fa, operands, result_layouts);
+    costs_.back().bytes += gathered_bytes;
     const size_t first_node = builder_.nodes().size();
     LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
     std::vector<LocalValue> results;
-    if (rule->lower) {
+    if (windowed) {
+      results = LowerWindowedEinsum(lb, *windowed, operands, result_layouts[0]);
+    } else if (rule->lower) {
       results = rule->lower(lb, operands);
     } else if (rule->local_args) {
       std::vector<Shape> local_shapes;
@@ -296,6 +330,7 @@ class Partitioner {
     }
     SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
                n.op()->qualified, " produced ", results.size(), " results");
+    if (!lb.cost_steps().empty()) SplitCost(lb.cost_steps());
     if (IsPointwise(*rule) && rule->view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
     locals_[&n] = std::move(results);
   }
@@ -419,6 +454,35 @@ class Partitioner {
     costs_.push_back(std::move(c));
   }
 
+  WindowedEinsumOptions Windowing(bool weight_operand) const {
+    return WindowedEinsumOptions{options_.windowed_einsum_bytes,
+                                 options_.windowed_einsum_min_extent, weight_operand};
+  }
+
+  // The op just lowered, whose lowering ran in steps (LocalBuilder::BeginCostStep), recorded
+  // as one cost entry per step. The last one's end is set by the caller.
+  void SplitCost(const std::vector<LocalBuilder::CostStep>& steps) {
+    const OpCost whole = costs_.back();
+    costs_.pop_back();
+    for (size_t t = 0; t < steps.size(); ++t) {
+      OpCost c = whole;
+      const double share = steps[t].share;
+      c.flops *= share;
+      c.model_flops *= share;
+      c.bytes = static_cast<int64_t>(static_cast<double>(whole.bytes) * share);
+      c.fused_bytes = static_cast<int64_t>(static_cast<double>(whole.fused_bytes) * share);
+      int64_t& extent = steps[t].gemm_extent == 'm'   ? c.gemm_m
+                        : steps[t].gemm_extent == 'n' ? c.gemm_n
+                                                      : c.gemm_k;
+      extent = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(extent) * share));
+      if (share == 0) c.contraction = false;
+      c.position = t == 0 ? whole.position : static_cast<int64_t>(steps[t].first_node);
+      c.end_position = t + 1 < steps.size() ? static_cast<int64_t>(steps[t + 1].first_node)
+                                            : whole.end_position;
+      costs_.push_back(std::move(c));
+    }
+  }
+
   // Whether a pending sum in result `index` of `node` can stay pending up to a graph output:
   // that value, and each one after it, has a single reader, which passes sums in that operand
   // (linear in it, or additive) and has a single result, until the reader is the output. This
@@ -479,6 +543,7 @@ class Partitioner {
   std::map<std::string, int64_t> fallbacks_;
   std::vector<OpCost> costs_;
   std::unordered_set<const ir::Node*> recomputed_;  // ir/recompute.h
+  std::unordered_set<const ir::Node*> weights_;     // see the constructor
   // Local nodes a pointwise op emitted for its results: that op's entry in costs_ and the
   // global node it lowers (whose results' readers decide whether they fuse).
   struct PointwiseResult {

@@ -23,7 +23,20 @@ struct PartitionOptions {
   // Key (keyed by data, they differ every step): a caller that caches adds a key of its own.
   const ParamLayouts* param_layouts = nullptr;
 
-  Hash Key() const { return HashInt(defer_output_reductions ? 1 : 0); }
+  // XLA's windowed einsum (partition/windowed_einsum.h): a contraction whose all-gather of an
+  // operand, or reduce-scatter of its result, moves at least this many bytes per device runs
+  // as a ring of collective-permutes interleaved with partial products. -1: off (the
+  // default; torch_spmd.runtime.set_collective_matmul, and plan mode on presets whose
+  // runtime does it, turn it on).
+  int64_t windowed_einsum_bytes = -1;
+  // ... and only where each step keeps at least this extent of the windowed dim.
+  int64_t windowed_einsum_min_extent = 128;
+
+  Hash Key() const {
+    return HashCombine(HashCombine(HashInt(defer_output_reductions ? 1 : 0),
+                                   HashInt(windowed_einsum_bytes)),
+                       HashInt(windowed_einsum_min_extent));
+  }
 };
 
 // Partitions `graph` over the mesh its annotations use (a 1-D mesh over `num_devices` when

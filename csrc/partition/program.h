@@ -20,6 +20,11 @@ struct CollectiveStat {
   // The device ids of one group (all groups are alike): whether a group crosses hosts.
   std::vector<int64_t> first_group;
   int64_t mesh_devices = 0;  // devices of the mesh it runs on (how large a TPU slice is used)
+  // The links it uses: 0 every link of its group; 1 and 2 one direction each (a
+  // collective-permute around a ring, toward the previous or the next member). On a torus, whose
+  // links carry each direction on their own, permutes of opposite directions run at once
+  // (partition/step_schedule.h).
+  int channel = 0;
   const ir::Node* node = nullptr;  // the collective in Program::nodes
   std::string scope;  // module path of the op it was emitted for (ir/scope.h)
   int64_t position = 0;  // index of the collective in Program::nodes

@@ -13,7 +13,8 @@ namespace spmd::partition {
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
                           int64_t all_gather_prefetch, const std::vector<bool>& launches,
-                          double kernel_overhead) {
+                          double kernel_overhead, bool directions_apart,
+                          const std::vector<int>& channels) {
   const std::vector<OpCost>& ops = stats.op_costs;
   const size_t num_ops = ops.size(), num_collectives = stats.collectives.size();
   // The compute stream's order: communication-free ops first, then the rest; `slot[k]` is op
@@ -66,7 +67,12 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   s.collective_exposed.assign(num_collectives, 0);
   std::vector<double> end_of(num_ops, 0), collective_end(num_collectives, 0);  // by stream place
   std::vector<bool> issued(num_collectives, false);
-  double compute_free = 0, comm_free = 0;
+  double compute_free = 0, comm_free = 0;  // comm_free: when the first direction is free
+  double direction_free[2] = {0, 0};  // each direction's links (one stream: both alike)
+  auto channel_of = [&](size_t j) {
+    if (!directions_apart) return 0;
+    return j < channels.size() ? channels[j] : stats.collectives[j].channel;
+  };
   double host_issued = 0;  // when the host has issued the kernels so far
   size_t last = num_collectives;  // the collective that ended last
   // Collectives whose inputs the ops done so far produce, not yet issued: those ready by the
@@ -95,10 +101,16 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
       comm_free = later.top().first;
       later.pop();
     }
-    s.collective_start[j] = comm_free;
-    comm_free = collective_end[j] = comm_free + collective_seconds[j];
+    const int channel = channel_of(j);
+    const double free = channel == 0 ? std::max(direction_free[0], direction_free[1])
+                                     : direction_free[channel - 1];
+    s.collective_start[j] = std::max(comm_free, free);
+    collective_end[j] = s.collective_start[j] + collective_seconds[j];
+    for (int d = 0; d < 2; ++d)
+      if (channel == 0 || channel == d + 1) direction_free[d] = collective_end[j];
+    comm_free = std::min(direction_free[0], direction_free[1]);
+    if (last == num_collectives || collective_end[j] >= collective_end[last]) last = j;
     issued[j] = true;
-    last = j;
   };
   for (size_t t = 0; t <= num_ops; ++t) {
     for (; known < num_collectives && needs[by_needs[known]] <= t; ++known) {
@@ -107,9 +119,10 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
     }
     if (t == num_ops) {  // the end of the step: every collective is done
       while (!later.empty() || !ready_now.empty()) issue_next();
-      if (last < num_collectives && comm_free > compute_free)
-        s.collective_exposed[last] += comm_free - compute_free;
-      s.seconds = std::max(compute_free, comm_free);
+      const double comm_done = std::max(direction_free[0], direction_free[1]);
+      if (last < num_collectives && comm_done > compute_free)
+        s.collective_exposed[last] += comm_done - compute_free;
+      s.seconds = std::max(compute_free, comm_done);
       break;
     }
     // The op at place t waits for the collectives it reads first: they are issued (with any

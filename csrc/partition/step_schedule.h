@@ -16,6 +16,11 @@
 // The step ends when both streams are done. Its length lies between max(compute,
 // communication) (everything overlapped) and compute + communication (nothing overlapped).
 //
+// On a torus (`directions_apart`), the communication stream is two: collectives of channel 1
+// and 2 (`channels`, default CollectiveStat::channel: permutes toward the previous or the next
+// member of a ring) each take one direction's links and run beside each other; the rest take
+// both.
+//
 // With `all_gather_prefetch` = L > 0, an all-gather may not be issued before the compute stream
 // reaches the first reader of the all-gather L before it (at most L gathered buffers waiting
 // for their readers), nor held back past its own place in the program.
@@ -43,6 +48,7 @@ struct StepSchedule {
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
                           int64_t all_gather_prefetch, const std::vector<bool>& launches = {},
-                          double kernel_overhead = 0);
+                          double kernel_overhead = 0, bool directions_apart = false,
+                          const std::vector<int>& channels = {});
 
 }  // namespace spmd::partition

@@ -123,12 +123,15 @@ DeviceTensors ShardSlice(const Call& c) {
   });
 }
 
-// Tile (index + shift) mod k of an even extent: a windowed einsum's operand at one step.
+// Piece `part` of tile (index + shift) mod k of an even extent: a windowed einsum's operand
+// at one step.
 DeviceTensors RingSlice(const Call& c) {
-  const int64_t k = c.groups.group_size(), tile = c.attrs.size / k, dim = c.attrs.dim;
+  const ir::SpmdAttrs& a = c.attrs;
+  const int64_t k = c.groups.group_size(), piece = a.size / (k * a.parts), dim = a.dim;
   return MapLocal(c, [&](const at::Tensor& x, int64_t index) {
-    CheckExtent(c, x, dim, c.attrs.size);
-    return x.narrow(dim, (index + c.attrs.shift) % k * tile, tile).contiguous();
+    CheckExtent(c, x, dim, a.size);
+    const int64_t start = ((index + a.shift) % k * a.parts + a.part) * piece;
+    return x.narrow(dim, start, piece).contiguous();
   });
 }
 

@@ -224,18 +224,21 @@ std::vector<Stacked> ShardSlice(const Call& c) {
   })};
 }
 
-// Tile (member + shift) mod k of an even extent (ring_slice): ShardSlice's pick, shifted.
+// Piece `part` of tile (member + shift) mod k of an even extent (ring_slice): ShardSlice's
+// pick, shifted, over k x parts pieces.
 std::vector<Stacked> RingSlice(const Call& c) {
-  const int64_t k = c.k(), tile = c.attrs.size / k, dim = c.attrs.dim;
-  SPMD_CHECK_VALUE(dim >= 0 && dim < c.shard.dim() && c.shard.size(dim) == c.attrs.size,
-                   c.node.op()->qualified, ": each device's input must have extent ",
-                   c.attrs.size, " on dim ", dim, ", got ", c.shard.sizes());
+  const ir::SpmdAttrs& a = c.attrs;
+  const int64_t pieces = c.k() * a.parts, dim = a.dim;
+  SPMD_CHECK_VALUE(dim >= 0 && dim < c.shard.dim() && c.shard.size(dim) == a.size,
+                   c.node.op()->qualified, ": each device's input must have extent ", a.size,
+                   " on dim ", dim, ", got ", c.shard.sizes());
   return {PerMember(c, [&](const at::Tensor& rows, const std::vector<int64_t>& source,
                            const std::vector<int64_t>& member) {
-    at::Tensor tiles = rows.unflatten(dim + 1, {k, tile}).movedim(dim + 1, 1);
-    std::vector<int64_t> shifted(member.size());
-    for (size_t r = 0; r < member.size(); ++r) shifted[r] = (member[r] + c.attrs.shift) % k;
-    return PickTiles(tiles, source, shifted);
+    at::Tensor tiles = rows.unflatten(dim + 1, {pieces, a.size / pieces}).movedim(dim + 1, 1);
+    std::vector<int64_t> picked(member.size());
+    for (size_t r = 0; r < member.size(); ++r)
+      picked[r] = (member[r] + a.shift) % c.k() * a.parts + a.part;
+    return PickTiles(tiles, source, picked);
   })};
 }
 

@@ -176,5 +176,30 @@ TEST(StepScheduleTest, UnknownPositionsMeanNoOverlap) {
   EXPECT_EQ(s.seconds, 2.5);
 }
 
+TEST(StepScheduleTest, PermutesOfOppositeDirectionsShareATorusBesideEachOther) {
+  // Two permutes of parameters read by op 1 (at 20), 1 s each, one toward each neighbour
+  // (channels 1 and 2); op 0 takes 1 s. On a torus each direction has links of its own: both
+  // run during op 0, and op 1 starts at 1 s. On a switch (or in one direction) they queue:
+  // op 1 waits until 2 s. A collective on every link (channel 0) waits for both directions.
+  ProgramStats stats = Ops({10, 20});
+  stats.collectives = {At("collective-permute", 18, -1, 20), At("collective-permute", 19, -1, 20)};
+  stats.collectives[0].channel = 1;
+  stats.collectives[1].channel = 2;
+  StepSchedule torus = ScheduleStep(stats, {1, 1}, {1, 1}, 0, {}, 0, /*directions_apart=*/true);
+  EXPECT_EQ(torus.collective_start[1], 0.0);
+  EXPECT_EQ(torus.op_start[1], 1.0);
+  EXPECT_EQ(torus.seconds, 2.0);
+  StepSchedule one_stream = ScheduleStep(stats, {1, 1}, {1, 1}, 0);
+  EXPECT_EQ(one_stream.collective_start[1], 1.0);
+  EXPECT_EQ(one_stream.op_start[1], 2.0);
+  stats.collectives[1].channel = 1;  // the same direction: one after the other
+  StepSchedule same = ScheduleStep(stats, {1, 1}, {1, 1}, 0, {}, 0, true);
+  EXPECT_EQ(same.op_start[1], 2.0);
+  stats.collectives[1].channel = 0;  // every link: after the first permute
+  StepSchedule all = ScheduleStep(stats, {1, 1}, {1, 1}, 0, {}, 0, true);
+  EXPECT_EQ(all.collective_start[1], 1.0);
+  EXPECT_EQ(all.seconds, 3.0);
+}
+
 }  // namespace
 }  // namespace spmd::partition

@@ -35,6 +35,20 @@ def _active_hardware():
     return _ACTIVE[-1].hardware if _ACTIVE else None
 
 
+def _collective_matmul_bytes(setting, hardware: dict) -> Optional[int]:
+    """Plan's ``collective_matmul`` as set_collective_matmul's threshold (None: off)."""
+    if setting is None:
+        return hardware.get("collective_matmul_bytes")
+    if setting is True:
+        return 0
+    if setting is False:
+        return None
+    if isinstance(setting, int) and setting >= 0:
+        return setting
+    raise ValueError(f"collective_matmul must be None, True, False or a threshold in bytes "
+                     f"(an int >= 0), got {setting!r}")
+
+
 class Plan:
     """Context manager for plan mode (see the module docstring).
 
@@ -47,11 +61,17 @@ class Plan:
             ``'host'``) or a dict of numbers (``torch_spmd.plan.hardware``).
         mesh_shape: if given, a mesh of that shape over all devices becomes the global mesh
             (``xs.get_global_mesh()``), with ``axis_names`` if given.
+        collective_matmul: whether the planned runtime overlaps tensor-parallel collectives
+            with their matmuls (``torch_spmd.runtime.set_collective_matmul``): None (default)
+            as the hardware's ``collective_matmul_bytes`` says (TPU presets: on, GPU presets:
+            off), True (every one), False (off) or a threshold in bytes. Set for the steps
+            planned inside the plan; the session's setting is restored after it.
     """
 
     def __init__(self, num_devices: Optional[int] = None, hardware: Union[str, dict] = "tpu-v4",
                  mesh_shape: Optional[Sequence[int]] = None,
-                 axis_names: Optional[Sequence[str]] = None):
+                 axis_names: Optional[Sequence[str]] = None,
+                 collective_matmul: Union[None, bool, int] = None):
         if num_devices is not None and (isinstance(num_devices, bool) or
                                         not isinstance(num_devices, int) or num_devices < 1):
             raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
@@ -62,6 +82,8 @@ class Plan:
         self.mesh = None
         self._restore = None
         self._previous_mesh = None
+        self.collective_matmul = _collective_matmul_bytes(collective_matmul, self.hardware)
+        self._previous_collective_matmul = None
 
     def __repr__(self) -> str:
         n = self.num_devices if self.num_devices is not None else "current"
@@ -87,6 +109,8 @@ class Plan:
                     f"num_devices={current}.") from None
             self._restore = (current, limit)
         self.num_devices = n
+        self._previous_collective_matmul = _C._collective_matmul()
+        xr.set_collective_matmul(self.collective_matmul, self._previous_collective_matmul[1])
         _C._set_planning(True, repr(self))
         _ACTIVE.append(self)
         if self.mesh_shape is not None:
@@ -99,6 +123,8 @@ class Plan:
 
     def __exit__(self, *exc) -> None:
         _C._set_planning(False, "")
+        if self._previous_collective_matmul is not None:
+            _C._set_collective_matmul(*self._previous_collective_matmul)
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if self.mesh is not None:
