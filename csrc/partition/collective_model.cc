@@ -152,8 +152,9 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
     consider("tree", 2 * s / (kTreeBandwidthFactor *
                               (t.crosses_hosts ? std::min(inside, m * across) : inside)) +
                          2 * std::ceil(std::log2(n)) * lat);
-  if (t.crosses_hosts && m > 1) {
-    // Inside each domain over its m members, across domains over k members on 1/m of the data.
+  if (t.crosses_hosts && m > 1 && hw.torus_dims > 0) {
+    // XLA's multi-slice collectives (NCCL has no such algorithm: ring or tree): inside each
+    // domain over its m members, across domains over k members on 1/m of the data.
     std::vector<int64_t> local_members;
     for (int64_t id : c.first_group)
       if (id / hw.devices_per_domain == c.first_group[0] / hw.devices_per_domain)

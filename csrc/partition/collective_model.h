@@ -16,9 +16,10 @@
 // - tree (all-reduce only; NCCL's double binary tree): 2 s per device at 0.92 x the ring's
 //   bandwidth (NCCL's tuner derates trees so), 2 ceil(log2 n) steps: what small all-reduces
 //   over many devices use.
-// - hierarchical (all-gather, reduce-scatter, all-reduce over k > 1 domains; XLA's multi-slice
-//   collectives over DCN): reduce-scatter inside each domain, the collective across domains on
-//   1/m of the data (each device over its own cross-domain link), all-gather inside again.
+// - hierarchical (all-gather, reduce-scatter, all-reduce over k > 1 TPU slices; XLA's
+//   multi-slice collectives over DCN): reduce-scatter inside each domain, the collective across
+//   domains on 1/m of the data (each device over its own cross-domain link), all-gather inside
+//   again. NCCL has no such algorithm (GPU hosts: ring or tree).
 // The runtime is assumed to pick the fastest: the time is the minimum over the algorithms that
 // apply. All-to-all (pairwise): the part a device sends inside its domain, (m-1)/n s, over
 // ring_bandwidth, and the rest, (n-m)/n s, over its own cross-domain link, concurrently, with

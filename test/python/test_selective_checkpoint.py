@@ -10,6 +10,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 import torch_spmd.core.xla_model as xm
 import torch_spmd.distributed.spmd as xs
 import torch_spmd.plan as plan
+import torch_spmd.utils.checkpoint as spmd_checkpoint
 from torch_spmd.debug import last_step_stats
 from spmd_diff import ensure_devices, mesh_of
 
@@ -31,7 +32,7 @@ def block(x, w1, w2):
     return x + torch.nn.functional.gelu(x @ w1) @ w2
 
 
-def train_step(device, remat, mesh=None):
+def train_step(device, remat, mesh=None, checkpoint=checkpoint):
     """Two blocks, each checkpointed as `remat` says; returns the three gradients on the host."""
     torch.manual_seed(0)
     x, w1, w2 = torch.randn(16, 8), torch.randn(8, 32), torch.randn(32, 8)
@@ -80,3 +81,22 @@ def test_saved_ops_are_not_recomputed_and_plan_equals_executed():
         train_step("spmd", "selective", mesh)
         planned = last_step_stats()
     assert planned["flops_per_device"] == flops["selective"]
+
+
+def test_torch_spmd_checkpoint_takes_torchs_selective_policy():
+    # PyTorch/XLA's checkpoint wrapper, with torch's non-reentrant keyword arguments: the same
+    # gradients and the same recomputation as torch.utils.checkpoint.
+    mesh = mesh_of((8,))
+    expected = train_step("cpu", "selective")
+    got = train_step("spmd", "selective", mesh, checkpoint=spmd_checkpoint.checkpoint)
+    wrapped = last_step_stats()["flops_per_device"]
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-4)
+    train_step("spmd", "selective", mesh)
+    assert wrapped == last_step_stats()["flops_per_device"]
+    x = torch.randn(4, requires_grad=True)
+    context = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
+    with pytest.raises(ValueError, match="only supported when use_reentrant=False"):
+        spmd_checkpoint.checkpoint(torch.sin, x, context_fn=context)
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: colour"):
+        spmd_checkpoint.checkpoint(torch.sin, x, use_reentrant=False, colour=1)

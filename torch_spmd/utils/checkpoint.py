@@ -92,17 +92,28 @@ class CheckpointFunction(torch.autograd.Function):
             chkpt_status.in_chkpt_bwd = False
 
 
+# What torch.utils.checkpoint.checkpoint takes besides the function, its arguments and
+# use_reentrant (the non-reentrant variant's selective checkpointing and checks).
+_NON_REENTRANT_KWARGS = ("preserve_rng_state", "context_fn", "determinism_check", "debug")
+
+
 def checkpoint(function, *args, use_reentrant: bool = True, **kwargs):
     """Checkpoints ``function(*args)``: activations inside it are recomputed in backward.
 
-    Same contract as ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=True`` (the only
-    variant PyTorch/XLA implements): keyword arguments other than ``preserve_rng_state`` are
-    rejected, at least one input must require grad for gradients to flow.
+    Same contract as ``torch.utils.checkpoint.checkpoint``. ``use_reentrant=True`` (the default,
+    the only variant PyTorch/XLA implements) takes ``preserve_rng_state`` and needs an input
+    that requires grad. ``use_reentrant=False`` is torch's own, with its keyword arguments:
+    ``context_fn`` (selective checkpointing, ``create_selective_checkpoint_contexts``: the
+    policy's saved ops stay, the rest is recomputed), ``determinism_check``, ``debug``. Other
+    keyword arguments are rejected, as torch rejects them.
     """
-    preserve = kwargs.pop("preserve_rng_state", True)
-    if kwargs:
-        raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+    unknown = [k for k in kwargs if k not in _NON_REENTRANT_KWARGS]
+    if unknown:
+        raise ValueError("Unexpected keyword arguments: " + ",".join(unknown))
     if not use_reentrant:
-        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False,
-                                                 preserve_rng_state=preserve)
-    return CheckpointFunction.apply(function, preserve, *args)
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)
+    only_non_reentrant = [k for k in kwargs if k != "preserve_rng_state"]
+    if only_non_reentrant:
+        raise ValueError(f"Passing {', '.join(only_non_reentrant)} is only supported when "
+                         f"use_reentrant=False (torch.utils.checkpoint's rule)")
+    return CheckpointFunction.apply(function, kwargs.get("preserve_rng_state", True), *args)
