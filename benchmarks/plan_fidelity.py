@@ -59,6 +59,9 @@ ROOT = os.path.dirname(HERE)
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "plan_calibration")
 # Per preset, numbers to try instead of the preset's (--override, for fitting its constants).
 OVERRIDES = json.loads(os.environ.get("SPMD_FIDELITY_OVERRIDES", "{}"))
+# Per preset, one field and the values to price every planned program at besides the preset's
+# (--fit: the step time is re-estimated on the same programs, which no constant changes).
+SWEEP = json.loads(os.environ.get("SPMD_FIDELITY_SWEEP", "{}"))
 
 
 @dataclass
@@ -201,6 +204,8 @@ MAXTEXT_REMAT = {
     "minimal": ("minimal", ()),
     "qkv_proj_offloaded": ("full", ("qkv",)),
 }
+# The names MaxText gives the tensors its offloaded policies keep in host memory.
+OFFLOADED_NAMES = {"qkv": ("query_proj", "key_proj", "value_proj"), "out": ("out_proj",)}
 MAXTEXT_CHIPS = {"TPU v5e": ("tpu-v5e", "maxtext-v5e"), "TPU v5p": ("tpu-v5p", "maxtext-v5p"),
                  "TPU v6e": ("tpu-v6e", "maxtext-v6e")}
 
@@ -296,6 +301,11 @@ def _decoder(r: Run, device: str = "spmd", constrain=None):
     from torch.utils.checkpoint import checkpoint
     compute = torch.float16 if r.dtype == "fp16" else torch.bfloat16
     constrain = constrain or (lambda x: x)
+    # MaxText's offloaded remat policies: the values it names, saved in host memory.
+    from torch_spmd.memory import offload
+    from torch_spmd.utils.checkpoint import checkpoint_name, save_and_offload_only_these_names
+    offloaded = tuple(name for part in r.offload for name in OFFLOADED_NAMES.get(part, ()))
+    named = checkpoint_name if offloaded else (lambda t, name: t)
 
     def linear(x, w, bias=None):  # a master weight cast at use (written-out autocast); a
         # 16-bit weight (Megatron) as it is
@@ -312,9 +322,12 @@ def _decoder(r: Run, device: str = "spmd", constrain=None):
 
         def forward(self, x):
             b, s, _ = x.shape
-            q = linear(x, self.wq.weight, self.wq.bias).view(b, s, r.heads, r.head_dim)
-            k = linear(x, self.wk.weight, self.wk.bias).view(b, s, r.kv_heads, r.head_dim)
-            v = linear(x, self.wv.weight, self.wv.bias).view(b, s, r.kv_heads, r.head_dim)
+            q = named(linear(x, self.wq.weight, self.wq.bias), "query_proj")
+            k = named(linear(x, self.wk.weight, self.wk.bias), "key_proj")
+            v = named(linear(x, self.wv.weight, self.wv.bias), "value_proj")
+            q = q.view(b, s, r.heads, r.head_dim)
+            k = k.view(b, s, r.kv_heads, r.head_dim)
+            v = v.view(b, s, r.kv_heads, r.head_dim)
             if r.kv_heads != r.heads:
                 rep = r.heads // r.kv_heads
                 k, v = (t.repeat_interleave(rep, dim=2) for t in (k, v))
@@ -324,7 +337,7 @@ def _decoder(r: Run, device: str = "spmd", constrain=None):
             else:
                 y = self.core(q, k, v)
             y = y.transpose(1, 2).reshape(b, s, r.heads * r.head_dim)
-            return linear(y, self.wo.weight, self.wo.bias)
+            return named(linear(y, self.wo.weight, self.wo.bias), "out_proj")
 
         def core(self, q, k, v):
             if r.fused_attention:
@@ -394,7 +407,12 @@ def _decoder(r: Run, device: str = "spmd", constrain=None):
             x = constrain(x.to(compute))  # the residual stream in 16 bits, as MaxText and
             # Megatron keep it
             for block in self.blocks:
-                if r.remat == "full":
+                if "input" in r.offload:  # the layer's input, kept for its recomputation
+                    x = offload(x)
+                if r.remat == "full" and offloaded:
+                    x = checkpoint(block, x, use_reentrant=False,
+                                   context_fn=save_and_offload_only_these_names((), offloaded))
+                elif r.remat == "full":
                     x = checkpoint(block, x, use_reentrant=False)
                 elif r.remat == "selective":
                     x = checkpoint(block, x, use_reentrant=False, context_fn=torchtitan_policy)
@@ -591,7 +609,13 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
 
         def report():
             d = p.report().as_dict()
-            return {k: d[k] for k in keep}
+            out = {k: d[k] for k in keep}
+            if r.hardware in SWEEP:
+                from torch_spmd import _C
+                (name, values), = SWEEP[r.hardware].items()
+                out["sweep"] = [_C._estimate_last_step(dict(hardware, **{name: v}))["step_seconds"]
+                                for v in values]
+            return out
 
         if need_micro:
             with xr.defer_output_reductions():
@@ -618,7 +642,30 @@ def iteration(r: Run, programs: dict) -> dict:
     res["peak_gb"] = max(max(last["peak_bytes_per_device"]),
                          max(micro["peak_bytes_per_device"])) / 1e9
     res["plan_seconds"] = programs["plan_seconds"]
+    if "sweep" in last:
+        res["sweep"] = [(m - 1) * a + b for a, b in zip(micro["sweep"], last["sweep"])]
     return res
+
+
+def fit(runs: List[Run], spec: str) -> None:
+    """--fit PRESET:FIELD:LO:HI:STEP: each value of FIELD for the preset's runs (planned once,
+    priced at every value), by mean |error|; prints the table and the best value."""
+    preset, name, lo, hi, step = spec.split(":")
+    values = [round(float(lo) + i * float(step), 6)
+              for i in range(int(round((float(hi) - float(lo)) / float(step))) + 1)]
+    os.environ["SPMD_FIDELITY_SWEEP"] = json.dumps({preset: {name: values}})
+    runs = [r for r in runs if r.hardware == preset]
+    run_all(runs)
+    ok = [r for r in runs if "sweep" in r.results]
+    best = None
+    for i, v in enumerate(values):
+        errs = [(r.results["sweep"][i] - r.measured_s) / r.measured_s for r in ok]
+        mean = statistics.mean(abs(e) for e in errs)
+        print(f"{preset} {name}={v}: mean |err| {mean:.1%}  " +
+              "  ".join(f"{e:+.1%}" for e in errs))
+        if best is None or mean < best[1]:
+            best = (v, mean)
+    print(f"best {name} for {preset}: {best[0]} (mean |err| {best[1]:.1%} over {len(ok)} runs)")
 
 
 def _child():
@@ -791,6 +838,9 @@ def main():
     ap.add_argument("--override", default="",
                     help='JSON: per preset, numbers to use instead, e.g. '
                          '\'{"a100-80gb": {"matmul_efficiency": 0.6}}\' (fitting)')
+    ap.add_argument("--fit", default="",
+                    help="PRESET:FIELD:LO:HI:STEP: mean |error| of the preset's runs at each "
+                         "value of FIELD (fitting its constants)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -808,6 +858,8 @@ def main():
             step = max(1, len(rs) // args.limit)
             picked += rs[::step][:args.limit]
         runs = picked
+    if args.fit:
+        return fit(runs, args.fit)
     started = time.perf_counter()
     run_all(runs)
     if args.rows:

@@ -67,6 +67,16 @@ void BindDevices(py::module_& m) {
     d["num_buffers"] = s.num_buffers;
     return d;
   });
+  m.def("_host_memory_info", [](int64_t host) {
+    runtime::DeviceStats s = runtime::DeviceSet::Get().HostStats(host);
+    py::dict d;
+    d["bytes_used"] = s.bytes_used;
+    d["bytes_limit"] = s.bytes_limit;
+    d["peak_bytes_used"] = s.peak_bytes_used;
+    d["num_buffers"] = s.num_buffers;
+    return d;
+  });
+  m.def("_num_hosts", [] { return runtime::DeviceSet::Get().num_hosts(); });
   m.def("_reset_peak_memory", [] { runtime::DeviceSet::Get().ResetAllPeaks(); });
 }
 
@@ -127,6 +137,7 @@ void BindGraph(py::module_& m) {
     d["collectives"] = to_list(s.collectives);
     d["pending_reductions"] = to_list(s.pending_reductions);
     d["peak_bytes_per_device"] = s.peak_bytes_per_device;
+    d["host_peak_bytes_per_device"] = s.host_peak_bytes_per_device;
     d["flops_per_device"] = s.flops_per_device;
     d["model_flops"] = s.model_flops;
     d["recomputed_flops"] = s.recomputed_flops;

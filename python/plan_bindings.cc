@@ -47,6 +47,12 @@ partition::Hardware HardwareFromDict(const py::dict& d) {
   hw.cross_domain_bandwidth = either("cross_host_bandwidth", "dcn_bandwidth", hw.ring_bandwidth);
   hw.torus_dims = static_cast<int>(num("torus_dims"));
   hw.link_latency = num("link_latency");
+  hw.host_bandwidth = num("host_bandwidth", hw.host_bandwidth);
+  hw.host_memory_bytes = num("host_memory_bytes");
+  hw.host_devices = static_cast<int64_t>(num("host_devices", 1));
+  if (!(hw.host_bandwidth > 0) || hw.host_devices < 1)
+    throw py::value_error("hardware '" + hw.name +
+                          "': host_bandwidth must be positive and host_devices >= 1");
   hw.all_gather_prefetch = static_cast<int64_t>(num("all_gather_prefetch"));
   if (hw.peak_flops_bf16 <= 0 || hw.peak_flops_fp32 <= 0 || hw.hbm_bandwidth <= 0 ||
       hw.ring_bandwidth <= 0 || hw.cross_domain_bandwidth <= 0)
@@ -168,6 +174,7 @@ void BindPlan(py::module_& m) {
     d["memory_bound_seconds"] = e.memory_bound_seconds;
     d["host_bound_seconds"] = e.host_bound_seconds;
     d["communication_seconds"] = e.communication_seconds;
+    d["host_transfer_seconds"] = e.host_transfer_seconds;
     d["step_seconds"] = e.step_seconds;
     d["exposed_communication_seconds"] = e.exposed_communication_seconds;
     d["no_overlap_step_seconds"] = e.no_overlap_step_seconds;

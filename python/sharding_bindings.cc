@@ -1,5 +1,6 @@
 // Bindings for sharding annotations (used by torch_spmd.distributed.spmd).
 #include "aten/lazy_tensor.h"
+#include "aten/memory_api.h"
 #include "aten/sharding_api.h"
 #include "bindings.h"
 #include "partition/rules/rule.h"
@@ -96,6 +97,7 @@ void BindSharding(py::module_& m) {
     return s.valid() ? s.ShardShape(shape) : shape;
   });
   m.def("_spmd_full_to_shard_shape", &aten::FullToShard);
+  m.def("_offload", &aten::Offload, py::arg("tensor"), py::arg("to_host"));
   m.def(
       "_spmd_shard_to_full_shape",
       [](const at::Tensor& t, const std::vector<int64_t>& device_ids,

@@ -10,6 +10,7 @@ from . import _C  # noqa: F401  (registers the backend with the dispatcher)
 from ._device import device, is_spmd_tensor, sync
 from . import _autograd_thread, _cuda_autograd, _dcp_default_planner, _dynamo_support, _patches
 from . import debug  # noqa: F401
+from . import memory  # noqa: F401  (registers torch.ops.spmd.offload and checkpoint_name)
 from . import _autograd_exit  # noqa: F401  (see its docstring)
 from . import _threads
 

@@ -32,6 +32,11 @@ Every number is per device (a TPU chip or a GPU). Fields:
   them (FSDP's ``limit_all_gathers`` keeps 2 in flight); 0: no limit. A scheduling setting, not
   hardware; every preset leaves it at 0.
 
+- the host: ``host_devices`` devices share a host of ``host_memory_bytes`` memory, which values
+  offloaded from their memory take (``torch_spmd.memory``; a plan that offloads more than a
+  host holds does not fit); ``host_bandwidth``: bytes/s of each device's link to its host (PCIe)
+  one way, which the copies cross. Without them (a user's dict): 32 GB/s, one device per host,
+  host memory not checked.
 - ``kernel_overhead``: seconds the host takes to issue one kernel; the device cannot run an op
   before the host has issued it (eager PyTorch on GPUs; 0 for XLA's compiled TPU programs).
 - ``collective_matmul_bytes``: the runtime decomposes a tensor-parallel matmul's all-gather or
@@ -108,6 +113,12 @@ Sources (public spec sheets, read 2026):
 - H200 SXM: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s, 989 TFLOP/s bf16 dense, 67
   TFLOP/s fp32, NVLink 4 as H100); HGX H200 reference hosts: 8 GPUs, 8x NDR 400 Gbit/s NICs =
   50 GB/s per GPU.
+- Hosts (public machine types, read 2026; the host links are assumed PCIe where Google publishes
+  none): TPU v4 hosts hold 4 chips and about 400 GB (PCIe Gen3 x16 assumed: 16 GB/s per chip);
+  v5e ct5lp-hightpu-8t 8 chips, 384 GB; v5p ct5p-hightpu-4t 4 chips, 448 GB; v6e
+  ct6e-standard-8t 8 chips, 1,440 GB (v5e/v5p/v6e: PCIe Gen4 x16 assumed, 32 GB/s per chip);
+  NVIDIA DGX A100 1 TB (40 GB parts) / 2 TB (80 GB), DGX H100 and HGX H200 2 TB, 8 GPUs each,
+  PCIe Gen4 x16 (A100, 32 GB/s) and Gen5 x16 (H100, H200, 64 GB/s) per GPU.
 - ``host``: measured on this machine when first asked for (fp32 matmul peak with every core,
   memory copy bandwidth); the emulated devices share the host, so it has no interconnect of
   its own: collectives are memory copies.
@@ -127,8 +138,10 @@ TPU_COLLECTIVE_MATMUL_BYTES = 1 << 20
 
 
 def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips, dcn_bandwidth,
-         tile=128, matmul_efficiency=PLACEHOLDER_EFFICIENCY):
-    return dict(peak_flops_bf16=peak, peak_flops_fp32=peak,
+         host, tile=128, matmul_efficiency=PLACEHOLDER_EFFICIENCY):
+    chips, memory, pcie = host
+    return dict(peak_flops_bf16=peak, peak_flops_fp32=peak, host_devices=chips,
+                host_memory_bytes=memory, host_bandwidth=pcie,
                 matmul_efficiency=matmul_efficiency, matmul_tile=tile, hbm_bytes=hbm_bytes,
                 hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
                 ring_bandwidth=2 * link_bandwidth, torus_dims=torus_dims,
@@ -137,8 +150,9 @@ def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips
 
 
 def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth, sms,
-         matmul_efficiency=PLACEHOLDER_EFFICIENCY, kernel_overhead=0.0):
-    return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32,
+         host_memory, pcie, matmul_efficiency=PLACEHOLDER_EFFICIENCY, kernel_overhead=0.0):
+    return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32, host_devices=8,
+                host_memory_bytes=host_memory, host_bandwidth=pcie,
                 matmul_efficiency=matmul_efficiency, kernel_overhead=kernel_overhead,
                 matmul_tile=128, matrix_units=sms, hbm_bytes=hbm_bytes,
                 hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
@@ -152,20 +166,32 @@ A100_FITTED = dict(matmul_efficiency=0.66, kernel_overhead=48e-6)
 TPU_V4_FITTED = dict(matmul_efficiency=0.77)
 H100_96GB_FITTED = dict(matmul_efficiency=0.48, kernel_overhead=A100_FITTED["kernel_overhead"])
 
+# Hosts: (chips per host, host memory, each chip's host link one way); module docstring.
+TPU_V4_HOST = (4, 400 * GB, 16 * GB)
+TPU_V5E_HOST = (8, 384 * GB, 32 * GB)
+TPU_V5P_HOST = (4, 448 * GB, 32 * GB)
+TPU_V6E_HOST = (8, 1440 * GB, 32 * GB)
+PCIE4, PCIE5 = 32 * GB, 64 * GB
+
 PRESETS: Dict[str, dict] = {
-    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB, **TPU_V4_FITTED),
-    "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB, **TPU_V4_FITTED),
-    "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB, **TPU_V4_FITTED),
-    "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, tile=256,
+    "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB, TPU_V4_HOST,
+                   **TPU_V4_FITTED),
+    "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB, TPU_V5E_HOST,
                     **TPU_V4_FITTED),
-    "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, 108,
-                      **A100_FITTED),
-    "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, 108,
-                      **A100_FITTED),
-    "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132, **A100_FITTED),
-    "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132,
-                      **H100_96GB_FITTED),
-    "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132, **A100_FITTED),
+    "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB, TPU_V5P_HOST,
+                    **TPU_V4_FITTED),
+    "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, TPU_V6E_HOST,
+                    tile=256, **TPU_V4_FITTED),
+    "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, 108, 1000 * GB,
+                      PCIE4, **A100_FITTED),
+    "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, 108, 2000 * GB,
+                      PCIE4, **A100_FITTED),
+    "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132, 2000 * GB,
+                      PCIE5, **A100_FITTED),
+    "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132, 2000 * GB,
+                      PCIE5, **H100_96GB_FITTED),
+    "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132, 2000 * GB, PCIE5,
+                 **A100_FITTED),
 }
 ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
            "trillium": "tpu-v6e", "a100": "a100-80gb", "h100": "h100-80gb", "tpu_v4": "tpu-v4",
@@ -256,6 +282,9 @@ def _with_defaults(hw: dict) -> dict:
     hw.setdefault("torus_dims", 0)
     hw.setdefault("link_latency", 0.0)
     hw.setdefault("all_gather_prefetch", 0)
+    hw.setdefault("host_devices", 1)
+    hw.setdefault("host_memory_bytes", 0)
+    hw.setdefault("host_bandwidth", 32 * GB)
     hw.setdefault("collective_matmul_bytes", None)
     cm = hw["collective_matmul_bytes"]
     if cm is not None and (isinstance(cm, bool) or not isinstance(cm, int) or cm < 0):

@@ -11,6 +11,10 @@
   that Python may touch; we pickle the host value and rebuild on the device, the way torch
   pickles xla tensors. Unlike xla's, the host value's storage is tagged with the spmd device's
   location, so ``torch.load(..., map_location="cpu")`` (or any map_location) applies to it.
+- ``torch.autograd.graph.save_on_cpu``: its pack hook reads a saved tensor to the host at once
+  (``tensor.cpu()``), which for a lazy spmd tensor would end the step's graph in the middle of
+  the forward; for spmd tensors it marks them to be offloaded instead (``torch_spmd.memory``),
+  and the compiler moves them to host memory and back (torch 2.6 and later).
 - ``data_ptr``: the wrapper's storage has no data pointer, so ``untyped_storage().data_ptr()``
   raises and ``data_ptr()`` is 0 for every tensor, and code that finds tied or shared tensors by
   storage (Hugging Face's ``save_pretrained``, safetensors) fails. Each spmd storage gets an
@@ -237,7 +241,35 @@ def _spmd_tensor_data_ptr(self):
     return _orig_tensor_data_ptr(self)
 
 
+_orig_save_on_cpu = torch.autograd.graph.save_on_cpu
+
+
+class _SaveOnCpu(_orig_save_on_cpu):
+    """``torch.autograd.graph.save_on_cpu`` that offloads spmd tensors to their hosts' memory
+    as the compiler moves them (``torch_spmd.memory``): its own pack hook would read each
+    saved spmd tensor to the host at once (``tensor.cpu()``), ending the step's graph. Other
+    tensors are packed as torch packs them."""
+
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+        super().__init__(pin_memory=pin_memory, device_type=device_type)
+        pack, unpack = self.pack_hook, self.unpack_hook
+
+        def pack_hook(t):
+            if is_spmd_tensor(t):
+                from .memory import _pack_for_host
+                return (_SaveOnCpu, _pack_for_host(t))
+            return pack(t)
+
+        def unpack_hook(packed):
+            if isinstance(packed, tuple) and len(packed) == 2 and packed[0] is _SaveOnCpu:
+                return packed[1]
+            return unpack(packed)
+
+        self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+
+
 def install():
+    torch.autograd.graph.save_on_cpu = _SaveOnCpu
     torch.UntypedStorage.data_ptr = _spmd_storage_data_ptr
     torch.Tensor.data_ptr = _spmd_tensor_data_ptr
     torch.nn.Module._apply = _apply_keeping_ties

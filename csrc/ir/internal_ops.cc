@@ -41,6 +41,9 @@ const InternalOps& InternalOps::Get() {
                                 {Tensor("self"), Int("dim"), Ints("axes"), Int("left"),
                                  Int("right"), Float("value")},
                                 1, true);
+    o->offload = InternOp("spmd::offload", {Tensor("self"), Int("to_host")}, 1, true);
+    o->place_to_host = InternOp("spmd::place_to_host", {Tensor("self")}, 1, true);
+    o->place_to_device = InternOp("spmd::place_to_device", {Tensor("self")}, 1, true);
     o->full_to_shard = InternOp("spmd::full_to_shard", {Tensor("self")}, 1, true);
     o->shard_to_full = InternOp("spmd::shard_to_full", {Tensor("self")}, 1, true);
     return o;

@@ -43,6 +43,16 @@
 //                                        Lowered to nothing: the shard is the buffer.
 //   shard_to_full(x)                     the inverse: the devices' manual buffers are the
 //                                        shards of a shardings()[0]-laid-out full tensor.
+//   offload(x; to_host)                  the user's annotation (torch_spmd.memory.offload,
+//                                        save_on_cpu): x, which its readers in the backward
+//                                        read from host memory when `to_host` (1; 0: a plain
+//                                        identity, a checkpoint name to save). Rewritten into
+//                                        the two below before partitioning
+//                                        (partition/offload.h).
+//   place_to_host(x)                     x copied to the host memory of its device's host: the
+//                                        result holds no device memory. No communication
+//                                        between devices: a transfer over the host link.
+//   place_to_device(x)                   the inverse: a value in host memory copied back.
 //   halo_exchange(x; dim, axes, left, right, value)
 //                                        x is an even tile: output = [the previous member's last
 //                                        `left` rows | x | the next member's first `right` rows],
@@ -65,6 +75,9 @@ struct InternalOps {
   const OpInfo* ring_unroll;
   const OpInfo* mask_pad;
   const OpInfo* halo_exchange;
+  const OpInfo* offload;
+  const OpInfo* place_to_host;
+  const OpInfo* place_to_device;
   const OpInfo* full_to_shard;
   const OpInfo* shard_to_full;
   static const InternalOps& Get();

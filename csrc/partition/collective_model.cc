@@ -96,6 +96,13 @@ double RingBytes(const std::string& kind, double r, double s) {
 CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
   CollectiveTime t;
   t.kind = c.kind;
+  t.channel = c.channel;
+  if (c.kind == "device-to-host" || c.kind == "host-to-device") {
+    // Each device's own link to its host (PCIe), one direction.
+    t.algorithm = "host link";
+    t.seconds = static_cast<double>(c.bytes) / hw.host_bandwidth + hw.link_latency;
+    return t;
+  }
   const double n = static_cast<double>(c.group_size);
   if (n <= 1) return t;
   const GroupPlacement place = PlaceGroup(c.first_group, c.group_size, hw.devices_per_domain);
@@ -131,7 +138,6 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
   const double ring_bandwidth =
       t.crosses_hosts ? std::min(inside, m * across) : inside * span.bandwidth_factor;
   const double ring_steps = span.steps;
-  t.channel = c.channel;
   if (c.kind == "collective-permute") {
     // Each member sends to one other: on a torus one link, one way (a ring's bandwidth is both
     // ways of a dimension's two links); through a switch, the GPU's own bandwidth one way.

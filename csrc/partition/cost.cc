@@ -40,6 +40,7 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
     int& storage = last_use[{n.inputs()[0].node.get(), n.inputs()[0].index}];
     storage = std::max(storage, it->second);
   }
+  const ir::OpInfo* to_host = ir::InternalOps::Get().place_to_host;
   std::vector<LiveValue> values;
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Node& n = *program.nodes[i];
@@ -48,10 +49,24 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
       if (t.dtype == DType::kUndefined) continue;
       auto it = last_use.find({&n, o});
       int until = it == last_use.end() ? static_cast<int>(i) : it->second;
-      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, aliases[i] ? 0 : t.bytes()});
+      const int64_t bytes = aliases[i] ? 0 : t.bytes();
+      const bool host = n.op() == to_host;  // offloaded: in the host's memory
+      values.push_back(LiveValue{&n, o, static_cast<int>(i), until, host ? 0 : bytes,
+                                 host ? bytes : 0});
     }
   }
   return values;
+}
+
+int64_t PeakHostBytesPerDevice(const Program& program) {
+  std::vector<int64_t> delta(program.nodes.size() + 2, 0);
+  for (const LiveValue& v : ValueLifetimes(program)) {
+    delta[v.defined_at] += v.host_bytes;
+    delta[v.last_use + 1] -= v.host_bytes;
+  }
+  int64_t running = 0, peak = 0;
+  for (int64_t d : delta) peak = std::max(peak, running += d);
+  return peak;
 }
 
 std::vector<int64_t> LiveBytesTimeline(const Program& program, const std::vector<bool>* donated) {

@@ -16,13 +16,16 @@ struct LiveValue {
   int output;
   int defined_at;
   int last_use;
-  int64_t bytes;  // per device
+  int64_t bytes;  // per device, of its memory
+  int64_t host_bytes = 0;  // per device, of its host's memory (offloaded: partition/offload.h)
 };
 std::vector<LiveValue> ValueLifetimes(const Program& program,
                                       const std::vector<bool>* donated = nullptr);
 // Bytes live on one device while each node runs (its inputs and its outputs included).
 std::vector<int64_t> LiveBytesTimeline(const Program& program,
                                        const std::vector<bool>* donated = nullptr);
+// The most bytes one device holds in its host's memory at once (values offloaded there).
+int64_t PeakHostBytesPerDevice(const Program& program);
 
 // Peak bytes held by one device while the program runs: parameters stay live throughout
 // (donated ones, `donated[i]` for program.params[i], only until their last use, as the

@@ -76,7 +76,9 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
     const CollectiveTime& t = e.collective_seconds.back();
     collective_seconds.push_back(t.seconds);
     channels.push_back(t.channel);
-    if (directions_apart && t.channel > 0)
+    if (t.channel >= 3)
+      e.host_transfer_seconds += t.seconds;
+    else if (directions_apart && t.channel > 0)
       one_way[t.channel - 1] += t.seconds;
     else
       e.communication_seconds += t.seconds;

@@ -43,6 +43,9 @@ struct StepEstimate {
   // The collectives one after another, those of opposite directions on a torus beside each
   // other (CollectiveStat::channel): how long the links are busy.
   double communication_seconds = 0;
+  // Copies between device and host memory (partition/offload.h), one after another: on the
+  // host link's own streams, not in communication_seconds.
+  double host_transfer_seconds = 0;
   double step_seconds = 0;           // the two-stream schedule's critical path
   // Time the compute stream waits for communication: step_seconds - compute_seconds.
   double exposed_communication_seconds = 0;

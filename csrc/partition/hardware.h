@@ -45,6 +45,11 @@ struct Hardware {
   // dimension; 0: a switch (NVLink), one ring through the group.
   int torus_dims = 0;
   double link_latency = 0;  // seconds per algorithm step (one hop of a ring or a tree)
+  // Each device's link to its host (PCIe), bytes/s one way: what offloaded values cross
+  // (partition/offload.h); and the host memory they take, per host of `host_devices` devices.
+  double host_bandwidth = 32e9;
+  double host_memory_bytes = 0;  // 0: not known, not checked
+  int64_t host_devices = 1;
   // At most this many all-gathers may be issued ahead of the compute that reads them (FSDP's
   // limit_all_gathers, XLA's overlap limits); 0: no limit (partition/step_schedule.h).
   int64_t all_gather_prefetch = 0;

@@ -9,6 +9,7 @@
 #include "partition/cost.h"
 #include "partition/factor_assignment.h"
 #include "partition/local_builder.h"
+#include "partition/offload.h"
 #include "partition/propagate.h"
 #include "partition/simplify.h"
 #include "partition/windowed_einsum.h"
@@ -85,6 +86,8 @@ class Partitioner {
         locals_[n.get()] = {Parameter(*n, program)};
       } else if (n->op() == ops.sharding_constraint) {
         locals_[n.get()] = {Constrain(*n)};
+      } else if (n->op() == ops.place_to_host || n->op() == ops.place_to_device) {
+        locals_[n.get()] = {OverHostLink(*n)};
       } else if (n->op() == ops.full_to_shard) {
         // Each device's shard becomes a tensor of its own: the same buffer, manual.
         LocalValue v = Reshard(builder_, Local(n->input(0)), n->shardings().at(0));
@@ -141,6 +144,7 @@ class Partitioner {
     program.stats.op_costs = std::move(costs_);
     int64_t peak_at = 0;
     program.stats.peak_bytes_per_device = PeakBytesPerDevice(program, &peak_at);
+    program.stats.host_peak_bytes_per_device = PeakHostBytesPerDevice(program);
     if (!program.nodes.empty()) program.stats.peak_op = program.nodes[peak_at]->op()->qualified;
     return program;
   }
@@ -188,6 +192,18 @@ class Partitioner {
     program.params.push_back(param);
     program.param_shardings.push_back(layout);
     return LocalValue{ir::Value{param, 0}, layout, global};
+  }
+
+  // A move between device and host memory (partition/offload.h), in the value's layout: a
+  // transfer over the host link, recorded with the collectives (it runs beside the compute as
+  // they do), each direction on a stream of its own (CollectiveStat::channel 3 and 4).
+  LocalValue OverHostLink(const ir::Node& n) {
+    const LocalValue& v = Local(n.input(0));
+    const bool to_host = n.op() == ir::InternalOps::Get().place_to_host;
+    ir::Value r = builder_.EmitInternal(n.op(), v.value, {}, v.value.type(), v.layout,
+                                        to_host ? "device-to-host" : "host-to-device", {});
+    builder_.collectives().back().channel = to_host ? 3 : 4;
+    return LocalValue{r, v.layout, v.global};
   }
 
   // A constraint reshards to the user's layout; a manual one marks a value computed in a
@@ -567,7 +583,7 @@ Program PartitionGraph(const ir::Graph& graph, int64_t num_devices,
     for (int64_t i = 0; i < num_devices; ++i) ids[i] = i;
     mesh = std::make_shared<const Mesh>(ids, std::vector<int64_t>{num_devices});
   }
-  const ir::Graph simplified = SimplifyGraph(graph);
+  const ir::Graph simplified = PlaceOffloaded(SimplifyGraph(graph));
   return Partitioner(simplified, mesh, options).Run();
 }
 

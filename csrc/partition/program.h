@@ -23,7 +23,8 @@ struct CollectiveStat {
   // The links it uses: 0 every link of its group; 1 and 2 one direction each (a
   // collective-permute around a ring, toward the previous or the next member). On a torus, whose
   // links carry each direction on their own, permutes of opposite directions run at once
-  // (partition/step_schedule.h).
+  // (partition/step_schedule.h). 3 and 4: the host link, to the host (kind device-to-host) and
+  // back (host-to-device), beside everything else.
   int channel = 0;
   const ir::Node* node = nullptr;  // the collective in Program::nodes
   std::string scope;  // module path of the op it was emitted for (ir/scope.h)
@@ -67,6 +68,9 @@ struct OpCost {
 struct ProgramStats {
   std::vector<CollectiveStat> collectives;
   int64_t peak_bytes_per_device = 0;  // static estimate from buffer liveness
+  // Of its host's memory, the most one device's offloaded values take at once
+  // (partition/offload.h).
+  int64_t host_peak_bytes_per_device = 0;
   double flops_per_device = 0;
   double model_flops = 0;  // the global graph's FLOPs, each op counted once
   // The part of model_flops spent computing values again (activation checkpointing's

@@ -40,6 +40,19 @@ const Sharding& LayoutOfData(const ir::Node& data_node, const ParamLayouts* over
   return data_node.data()->sharding();
 }
 
+namespace {
+
+// Every dim of the operand is the result's.
+RulePtr IdentityRule(const ir::Node& n) {
+  auto identity = std::make_shared<ShardingRule>();
+  TensorFactors tf = PassThroughFactors(*identity, n.output(0));
+  identity->operands = {tf};
+  identity->results = {tf};
+  return identity;
+}
+
+}  // namespace
+
 Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh, const ParamLayouts* overrides)
     : graph_(graph), mesh_(std::move(mesh)) {
   const auto& ops = ir::InternalOps::Get();
@@ -71,12 +84,9 @@ Propagation::Propagation(const ir::Graph& graph, MeshPtr mesh, const ParamLayout
       shardings_[v] = OnMesh(n.shardings().at(0), mesh_, n.output(0).rank());
       frozen_[v] = true;
       if (shardings_[v].is_manual()) continue;  // nothing to propagate out of a manual region
-      // A constraint is an identity: its operand may take its layout.
-      auto identity = std::make_shared<ShardingRule>();
-      TensorFactors tf = PassThroughFactors(*identity, n.output(0));
-      identity->operands = {tf};
-      identity->results = {tf};
-      rules_[p] = std::move(identity);
+      rules_[p] = IdentityRule(n);  // an identity: its operand may take its layout
+    } else if (n.op() == ops.place_to_host || n.op() == ops.place_to_device) {
+      rules_[p] = IdentityRule(n);  // the same value in another memory
     } else {
       rules_[p] = GetRule(n);
     }

@@ -93,8 +93,10 @@ class Simplifier {
   // Views (ShardingRule::view) are pure and hold no memory, so two views of one value with the
   // same op and arguments are one value, as XLA's CSE makes them: each F.linear of q, k and v
   // reshapes the same activation, and the partitioner then moves it once (its reshard cache
-  // is keyed by value), not once per projection. Only views with no run-time scalars: the
-  // partitioner numbers those node by node.
+  // is keyed by value), not once per projection. Only views with no run-time scalars (the
+  // partitioner numbers those node by node), and only within a phase: a backward view merged
+  // into its forward twin would read the viewed value where the backward does (a gathered
+  // copy's reuse across phases, an offloaded value kept in device memory).
   static bool IsPlainView(const ir::Node& n) {
     if (n.inputs().empty() || n.num_outputs() != 1) return false;
     for (const ir::Arg& a : n.args())
@@ -127,7 +129,7 @@ class Simplifier {
     for (auto it = range.first; it != range.second; ++it) {
       const ir::Node& m = *it->second;
       if (m.op() != n.op() || m.args() != n.args() || m.outputs() != n.outputs() ||
-          m.inputs().size() != inputs.size())
+          m.inputs().size() != inputs.size() || m.in_backward() != n.in_backward())
         continue;
       bool same = true;
       for (size_t i = 0; i < inputs.size() && same; ++i)

@@ -44,12 +44,19 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   // waits for it (the first waiting op at or after its first reader; num_ops: the end).
   std::vector<size_t> needs(num_collectives), waited_at(num_collectives);
   std::vector<size_t> gathers;  // all-gathers in issue order
+  size_t last_reload = num_collectives;  // the latest copy back from host memory so far
   for (size_t j = 0; j < num_collectives; ++j) {
     const CollectiveStat& c = stats.collectives[j];
     const size_t producers = static_cast<size_t>(
         std::upper_bound(position.begin(), position.end(), c.input_position) - position.begin());
     needs[j] = producers > 0 ? slot[producers - 1] + 1 : 0;
     waited_at[j] = reached(c.first_use_position);
+    if (c.kind == "host-to-device") {  // one copy ahead of the compute that reads it
+      if (last_reload < num_collectives)
+        needs[j] = std::max(needs[j],
+                            reached(stats.collectives[last_reload].first_use_position));
+      last_reload = j;
+    }
     if (c.kind != "all-gather") continue;
     if (all_gather_prefetch > 0 && gathers.size() >= static_cast<size_t>(all_gather_prefetch)) {
       const CollectiveStat& earlier = stats.collectives[gathers[gathers.size() - all_gather_prefetch]];
@@ -68,10 +75,12 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   std::vector<double> end_of(num_ops, 0), collective_end(num_collectives, 0);  // by stream place
   std::vector<bool> issued(num_collectives, false);
   double compute_free = 0, comm_free = 0;  // comm_free: when the first direction is free
-  double direction_free[2] = {0, 0};  // each direction's links (one stream: both alike)
+  // When each stream is free: the two directions of the links (one stream where they are not
+  // apart), and the two of the host link.
+  double direction_free[4] = {0, 0, 0, 0};
   auto channel_of = [&](size_t j) {
-    if (!directions_apart) return 0;
-    return j < channels.size() ? channels[j] : stats.collectives[j].channel;
+    const int c = j < channels.size() ? channels[j] : stats.collectives[j].channel;
+    return c >= 3 || directions_apart ? c : 0;
   };
   double host_issued = 0;  // when the host has issued the kernels so far
   size_t last = num_collectives;  // the collective that ended last
@@ -106,9 +115,9 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
                                      : direction_free[channel - 1];
     s.collective_start[j] = std::max(comm_free, free);
     collective_end[j] = s.collective_start[j] + collective_seconds[j];
-    for (int d = 0; d < 2; ++d)
-      if (channel == 0 || channel == d + 1) direction_free[d] = collective_end[j];
-    comm_free = std::min(direction_free[0], direction_free[1]);
+    for (int d = 0; d < 4; ++d)
+      if ((channel == 0 && d < 2) || channel == d + 1) direction_free[d] = collective_end[j];
+    comm_free = *std::min_element(direction_free, direction_free + 4);
     if (last == num_collectives || collective_end[j] >= collective_end[last]) last = j;
     issued[j] = true;
   };
@@ -119,7 +128,7 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
     }
     if (t == num_ops) {  // the end of the step: every collective is done
       while (!later.empty() || !ready_now.empty()) issue_next();
-      const double comm_done = std::max(direction_free[0], direction_free[1]);
+      const double comm_done = *std::max_element(direction_free, direction_free + 4);
       if (last < num_collectives && comm_done > compute_free)
         s.collective_exposed[last] += comm_done - compute_free;
       s.seconds = std::max(compute_free, comm_done);

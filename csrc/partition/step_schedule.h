@@ -19,7 +19,10 @@
 // On a torus (`directions_apart`), the communication stream is two: collectives of channel 1
 // and 2 (`channels`, default CollectiveStat::channel: permutes toward the previous or the next
 // member of a ring) each take one direction's links and run beside each other; the rest take
-// both.
+// both. Transfers over the host link (channels 3 and 4: to the host memory, back from it) run
+// on a stream each, beside all of those; a copy back may start only once the compute stream
+// has reached the reader of the copy back before it (one ahead of its reader, as offloading
+// runtimes prefetch).
 //
 // With `all_gather_prefetch` = L > 0, an all-gather may not be issued before the compute stream
 // reaches the first reader of the all-gather L before it (at most L gathered buffers waiting

@@ -109,8 +109,20 @@ void DeviceSet::Configure(int64_t num_devices, int64_t bytes_per_device) {
 }
 
 DeviceSet::DeviceSet(int64_t num_devices, int64_t bytes_per_device)
-    : devices_(num_devices), bytes_limit_(bytes_per_device) {
-  for (auto& d : devices_) d.stats.bytes_limit = bytes_per_device;
+    : num_devices_(num_devices), devices_per_host_(num_devices), bytes_limit_(bytes_per_device) {
+  if (const char* env = std::getenv("SPMD_DEVICES_PER_HOST")) {
+    char* end = nullptr;
+    const int64_t per_host = std::strtoll(env, &end, 10);
+    SPMD_CHECK_VALUE(end && *end == '\0' && per_host >= 1,
+                     "SPMD_DEVICES_PER_HOST must be a positive integer, got '", env, "'");
+    devices_per_host_ = std::min(per_host, num_devices);
+  }
+  int64_t host_bytes = int64_t{1} << 40;
+  if (const char* env = std::getenv("SPMD_HOST_MEMORY")) host_bytes = ParseBytes(env);
+  const int64_t hosts = (num_devices + devices_per_host_ - 1) / devices_per_host_;
+  devices_.resize(num_devices + hosts);
+  for (int64_t i = 0; i < static_cast<int64_t>(devices_.size()); ++i)
+    devices_[i].stats.bytes_limit = i < num_devices ? bytes_per_device : host_bytes;
 }
 
 Allocation DeviceSet::Allocate(int64_t device, int64_t bytes, const std::string& label) {
@@ -136,10 +148,41 @@ std::vector<Allocation> DeviceSet::AllocateOnEach(const std::vector<size_t>& dev
   return out;
 }
 
+std::vector<Allocation> DeviceSet::AllocateOnHostsOf(const std::vector<size_t>& devices,
+                                                     int64_t bytes, const std::string* label) {
+  std::vector<Allocation> out;
+  out.reserve(devices.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  try {
+    for (size_t d : devices)
+      out.push_back(AllocateLocked(num_devices_ + HostOf(static_cast<int64_t>(d)), bytes, label));
+  } catch (...) {
+    lock.unlock();
+    throw;
+  }
+  return out;
+}
+
+DeviceStats DeviceSet::HostStats(int64_t host) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SPMD_CHECK_VALUE(host >= 0 && host < num_hosts(), "host index ", host,
+                   " out of range: the spmd devices have ", num_hosts(), " hosts");
+  return devices_[num_devices_ + host].stats;
+}
+
 Allocation DeviceSet::AllocateLocked(int64_t device, int64_t bytes, const std::string* label) {
-  SPMD_CHECK(device >= 0 && device < num_devices(), "device index ", device,
-             " out of range for ", num_devices(), " devices");
+  SPMD_CHECK(device >= 0 && device < static_cast<int64_t>(devices_.size()), "device index ",
+             device, " out of range for ", num_devices(), " devices");
   Device& d = devices_[device];
+  if (d.stats.bytes_used + bytes > d.stats.bytes_limit && device >= num_devices_) {
+    const int64_t host = device - num_devices_;
+    throw OutOfMemoryError(StrCat(
+        "Out of host memory on the host of spmd devices ", host * devices_per_host_, "..",
+        std::min(num_devices_, (host + 1) * devices_per_host_) - 1, ": offloading ", bytes,
+        " bytes (", FormatBytes(bytes), ") of ", *label, " needs ", d.stats.bytes_used + bytes,
+        " bytes but the host has ", d.stats.bytes_limit, " bytes (",
+        FormatBytes(d.stats.bytes_limit), "). Raise SPMD_HOST_MEMORY or offload less."));
+  }
   if (d.stats.bytes_used + bytes > d.stats.bytes_limit) {
     std::vector<std::pair<int64_t, std::string>> live;
     for (const auto& [b, l] : d.slots)

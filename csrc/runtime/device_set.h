@@ -58,8 +58,18 @@ class DeviceSet {
   // Parses "16GiB", "512MB", "1024" (bytes). Throws std::invalid_argument on bad text.
   static int64_t ParseBytes(const std::string& text);
 
-  int64_t num_devices() const { return static_cast<int64_t>(devices_.size()); }
+  int64_t num_devices() const { return num_devices_; }
   int64_t bytes_limit() const { return bytes_limit_; }
+  // The hosts the devices are attached to, `devices_per_host` consecutive devices each
+  // (SPMD_DEVICES_PER_HOST; default: one host for all), each with SPMD_HOST_MEMORY bytes of
+  // memory (default 1TiB) that values offloaded from its devices' memory take
+  // (torch_spmd.memory.offload).
+  int64_t num_hosts() const { return static_cast<int64_t>(devices_.size()) - num_devices_; }
+  int64_t HostOf(int64_t device) const { return device / devices_per_host_; }
+  // Claims `bytes` of device `device`'s host memory, for each of `devices` under one lock.
+  std::vector<Allocation> AllocateOnHostsOf(const std::vector<size_t>& devices, int64_t bytes,
+                                            const std::string* interned_label);
+  DeviceStats HostStats(int64_t host) const;
 
   // Claims `bytes` on `device`. Throws spmd::OutOfMemoryError naming the device, the bytes
   // needed, the capacity and the largest live buffers when it does not fit.
@@ -89,7 +99,9 @@ class DeviceSet {
     std::vector<uint64_t> free_slots;
   };
   mutable std::mutex mu_;
-  std::vector<Device> devices_;
+  std::vector<Device> devices_;  // the devices, then their hosts
+  int64_t num_devices_;
+  int64_t devices_per_host_;
   int64_t bytes_limit_;
 };
 

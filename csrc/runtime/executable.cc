@@ -438,7 +438,8 @@ void Executable::StoreResults(const Instruction& ins, std::vector<Stacked> resul
                "internal error: ", node.op()->qualified, " produced ",
                TypeOf(r.Row(0)).ToString(), " where the program expects ", want.ToString());
     SlotValue& slot = slots[ins.outputs[o]];
-    slot.buffers = BuffersOf(r, ins.labels[o], nullptr, /*views=*/false);
+    slot.buffers = ins.on_host ? HostBuffersOf(r, ins.labels[o])
+                               : BuffersOf(r, ins.labels[o], nullptr, /*views=*/false);
     slot.stack = std::move(results[o]);
   }
 }
@@ -504,7 +505,9 @@ void Executable::RunAtenOp(size_t index, std::vector<SlotValue>& slots,
 
 void Executable::RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const {
   const ir::Node& node = *ins.node;
-  if (ins.stacked_kernel) {
+  if (ins.stacked_kernel || ins.on_host) {
+    SPMD_CHECK(ins.stacked_kernel, "internal error: ", node.op()->qualified,
+               " has no stacked kernel");
     std::vector<const Stacked*> inputs;
     for (int s : ins.inputs) inputs.push_back(&StackIn(slots[s]));
     StoreResults(ins, (*ins.stacked_kernel)(node, inputs), slots);

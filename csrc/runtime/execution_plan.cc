@@ -209,6 +209,7 @@ Instruction Planner::LowerNode(const ir::NodePtr& n,
     ins.stacked_kernel = FindStackedKernel(n->op()->qualified);
     SPMD_CHECK(ins.internal_kernel || ins.stacked_kernel, "no runtime kernel for ",
                n->op()->qualified);
+    ins.on_host = n->op() == ir::InternalOps::Get().place_to_host;
   } else {
     ins.view_kernel = ViewKernelFor(n->op());
     ins.batch_rule = HasBatchRule(ins.view_kernel ? *ins.view_kernel : KernelFor(n->op()));

@@ -75,6 +75,9 @@ struct Instruction {
   std::shared_ptr<const FoldPlan> sums_over;
   const InternalKernel* internal_kernel = nullptr;  // spmd:: and xm:: ops
   const StackedKernel* stacked_kernel = nullptr;    // spmd:: ops: preferred
+  // Its result lives in its devices' hosts' memory (spmd::place_to_host): charged there, not
+  // to the devices.
+  bool on_host = false;
 };
 
 struct ExecutionPlan {

@@ -23,7 +23,8 @@ std::mutex& RegistryMutex() {
 }
 
 // A sharding constraint is an identity on each device: by the time a program runs, the
-// partitioner has already moved the data into the constrained layout.
+// partitioner has already moved the data into the constrained layout. So are the moves to and
+// from host memory, whose result is charged to the host.
 std::vector<PerDevice> Identity(const ir::Node& node, const std::vector<const PerDevice*>& in) {
   return {*in.at(0)};
 }
@@ -33,8 +34,13 @@ std::vector<Stacked> StackedIdentity(const ir::Node& node, const std::vector<con
 
 struct Registrar {
   Registrar() {
-    RegisterInternalKernel(ir::InternalOps::Get().sharding_constraint->qualified, Identity);
-    RegisterStackedKernel(ir::InternalOps::Get().sharding_constraint->qualified, StackedIdentity);
+    // The copies between a device's memory and its host's hold the same values: the executor
+    // charges a place_to_host result to the host (Instruction::on_host).
+    const ir::InternalOps& ops = ir::InternalOps::Get();
+    for (const ir::OpInfo* op : {ops.sharding_constraint, ops.place_to_host, ops.place_to_device}) {
+      RegisterInternalKernel(op->qualified, Identity);
+      RegisterStackedKernel(op->qualified, StackedIdentity);
+    }
     RegisterCollectiveKernels();
     RegisterReplicaKernels();
     RegisterStackedKernels();

@@ -247,4 +247,13 @@ PerDevice BuffersOf(const Stacked& s, const std::string* label, PerDevice* take_
 
 PerDevice UnchargedBuffersOf(const Stacked& s) { return MakeBuffers(s, {}, false); }
 
+PerDevice HostBuffersOf(const Stacked& s, const std::string* label) {
+  const int64_t n = s.map->num_devices();
+  const int64_t bytes = s.rows.numel() / std::max<int64_t>(s.num_rows(), 1) *
+                        static_cast<int64_t>(s.rows.element_size());
+  std::vector<size_t> devices(n);
+  for (int64_t d = 0; d < n; ++d) devices[d] = static_cast<size_t>(d);
+  return MakeBuffers(s, DeviceSet::Get().AllocateOnHostsOf(devices, bytes, label), false);
+}
+
 }  // namespace spmd::runtime

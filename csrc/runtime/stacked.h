@@ -102,6 +102,9 @@ PerDevice BuffersOf(const Stacked& s, const std::string* interned_label,
 // Buffers for the rows of `s` that charge nothing (a view of a value that outlives it, whose
 // bytes that value's buffers already account); tensors as with views = false.
 PerDevice UnchargedBuffersOf(const Stacked& s);
+// Buffers for the rows of `s` charged to each device's host (DeviceSet::AllocateOnHostsOf): a
+// value offloaded to host memory.
+PerDevice HostBuffersOf(const Stacked& s, const std::string* interned_label);
 // Sets each buffer's tensor still undefined to its row of `s`.
 void AttachViews(const Stacked& s, const PerDevice& buffers);
 

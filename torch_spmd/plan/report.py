@@ -81,6 +81,12 @@ class PlanReport:
     replicated_fallback_ops: dict = field(default_factory=dict)  # op -> count, no sharding rule
     planned: bool = True            # a planned step (else an executed one, priced on `hardware`)
     pipeline: List[dict] = field(default_factory=list)  # per pipeline that ran: see _pipelines
+    # Offloaded values (torch_spmd.memory.offload, save_on_cpu): the most bytes of host memory
+    # one device's take at once, what its host holds for all its devices, and the time of the
+    # copies over the host link (on streams of their own).
+    host_bytes_per_device: int = 0
+    host_bytes_per_host: int = 0
+    host_transfer_seconds: float = 0.0
     assumptions: List[str] = field(default_factory=lambda: list(ASSUMPTIONS))
 
     def as_dict(self) -> dict:
@@ -96,6 +102,10 @@ class PlanReport:
             f"({hw['peak_flops_bf16'] / 1e12:.3g} TFLOP/s bf16, {_fmt_bytes(hw['hbm_bytes'])} HBM)",
             f"  peak memory per device      {_fmt_bytes(peak):>14}   (at {self.peak_op})",
             f"  resident after the step     {_fmt_bytes(resident):>14}",
+            *([f"  offloaded to host memory    {_fmt_bytes(self.host_bytes_per_device):>14}"
+               f"   per device ({_fmt_bytes(self.host_bytes_per_host)} per host; "
+               f"{_fmt_seconds(self.host_transfer_seconds)} over the host links)"]
+              if self.host_bytes_per_device else []),
             f"  fits                        {'yes' if self.fits else 'NO':>14}",
             f"  FLOPs per device            {self.flops_per_device:>14.4g}",
             f"  model FLOPs                 {self.model_flops:>14.4g}",
@@ -280,6 +290,15 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
         oom = (f"does not fit: every device (device 0 first) needs {_fmt_bytes(device_peak)} at "
                f"{stats['peak_op']} but has {_fmt_bytes(hardware['hbm_bytes'])} "
                f"({device_peak} > {int(hardware['hbm_bytes'])} bytes)")
+    host_device = stats.get("host_peak_bytes_per_device", 0)
+    host_devices = min(int(hardware.get("host_devices", 1)), num_devices)
+    host_total = host_device * host_devices
+    host_capacity = hardware.get("host_memory_bytes") or 0
+    if host_capacity and host_total > host_capacity:
+        fits = False
+        oom = ((oom + "; ") if oom else "does not fit: ") + (
+            f"each host holds {_fmt_bytes(host_total)} offloaded for its {host_devices} devices "
+            f"but has {_fmt_bytes(host_capacity)} ({host_total} > {int(host_capacity)} bytes)")
     return PlanReport(
         num_devices=num_devices, hardware=dict(hardware),
         peak_bytes_per_device=[device_peak] * num_devices,
@@ -297,4 +316,5 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
         time_by_module=_time_by_module(stats, est), mfu=mfu, fits=fits,
         peak_op=stats["peak_op"], out_of_memory=oom, hfu=hfu, recomputed_flops=recomputed,
         replicated_fallback_ops=dict(stats["replicated_fallback_ops"]), planned=planned,
-        pipeline=pipelines)
+        pipeline=pipelines, host_bytes_per_device=host_device, host_bytes_per_host=host_total,
+        host_transfer_seconds=est["host_transfer_seconds"])

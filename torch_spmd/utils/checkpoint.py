@@ -117,3 +117,53 @@ def checkpoint(function, *args, use_reentrant: bool = True, **kwargs):
         raise ValueError(f"Passing {', '.join(only_non_reentrant)} is only supported when "
                          f"use_reentrant=False (torch.utils.checkpoint's rule)")
     return CheckpointFunction.apply(function, kwargs.get("preserve_rng_state", True), *args)
+
+
+def checkpoint_name(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` under ``name`` (JAX's ``checkpoint_name``, as MaxText names ``query_proj``,
+    ``decoder_layer_input``, ...): a checkpoint policy from
+    ``save_and_offload_only_these_names`` saves it, or offloads it to host memory
+    (``torch_spmd.memory``), by that name. Elsewhere an identity (a copy off the spmd device)."""
+    from ..memory import _checkpoint_name_op
+    if not isinstance(name, str):
+        raise TypeError(f"checkpoint_name: name must be a str, got {type(name).__name__}")
+    return _checkpoint_name_op(t, name)
+
+
+def save_and_offload_only_these_names(names_which_can_be_saved=(), names_which_can_be_offloaded=()):
+    """A ``context_fn`` for ``checkpoint(..., use_reentrant=False)`` (JAX's policy of that name,
+    MaxText's offloaded remat policies): the values named by ``checkpoint_name`` in the first
+    list are saved, those in the second saved in host memory (offloaded: read back by the
+    backward, ``torch_spmd.memory``), everything else recomputed."""
+    import contextlib
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from ..memory import _offloaded_names  # (registers torch.ops.spmd.checkpoint_name)
+    saved, offloaded = frozenset(names_which_can_be_saved), frozenset(names_which_can_be_offloaded)
+    both = saved & offloaded
+    if both:
+        raise ValueError(f"save_and_offload_only_these_names: {sorted(both)} are both saved and "
+                         f"offloaded; name each in one list")
+    named = torch.ops.spmd.checkpoint_name.default
+
+    def policy(ctx, op, *args, **kwargs):
+        if op == named and args[1] in saved | offloaded:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    @contextlib.contextmanager
+    def offloading(inner):
+        previous = getattr(_offloaded_names, "names", frozenset())
+        _offloaded_names.names = offloaded
+        try:
+            with inner:
+                yield
+        finally:
+            _offloaded_names.names = previous
+
+    def context_fn():
+        forward, recompute = create_selective_checkpoint_contexts(policy)
+        return offloading(forward), recompute
+
+    return context_fn

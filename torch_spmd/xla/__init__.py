@@ -63,6 +63,8 @@ ALIASES: Dict[str, str] = {
         "torch_spmd.experimental.spmd_fully_sharded_data_parallel",
     "torch_xla.experimental.distributed_checkpoint":
         "torch_spmd.experimental.distributed_checkpoint",
+    "torch_xla.experimental.stablehlo_custom_call":
+        "torch_spmd.experimental.stablehlo_custom_call",
     "torch_xla.utils": "torch_spmd.utils",
     "torch_xla.utils.checkpoint": "torch_spmd.utils.checkpoint",
     "torch_xla.utils.utils": "torch_spmd.utils.utils",
