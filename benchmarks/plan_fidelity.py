@@ -104,6 +104,9 @@ class Run:
     distributed_optimizer: bool = False
     # Preset fields the run's cluster sets otherwise (vTrain's cross-node bandwidth).
     hardware_fields: dict = field(default_factory=dict)
+    # Compiled (torch.compile): its memory is a fusing runtime's (Plan's fused_memory).
+    compiled: bool = False
+    measured_peak_gb: float = 0.0  # the run's published peak memory per device, where given
     results: dict = field(default_factory=dict)
 
     @property
@@ -270,13 +273,15 @@ def torchtitan_run(row) -> Run:
     row measures what fusion the cost model leaves out."""
     chips = _int(row["chips"])
     compiled = "torch.compile" in row["other"]
+    peak_gib = float(row["value"].split("|")[1])  # "tokens/s/GPU | peak memory GiB"
     return Run(group="torchtitan-h100", name=f"{row['model']} fsdp{chips}" +
                (" compiled" if compiled else ""),
                hardware="h100-96gb", chips=chips, style="llama", layers=32, hidden=4096,
                heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256, seq=_int(row["seq"]),
                micro_batch=_int(row["gbs"]), global_batch=_int(row["gbs"]), tp=1, dp=1,
                fsdp=_int(row["fsdp"]), remat="selective", fused_attention=True, dtype="bf16",
-               measured_s=float(row["derived_step_s"]))
+               measured_s=float(row["derived_step_s"]), compiled=compiled,
+               measured_peak_gb=peak_gib * (1 << 30) / 1e9)
 
 
 def load_runs(data_dir: str) -> List[Run]:
@@ -469,15 +474,16 @@ class MegatronOptimizer:
     """Megatron-LM's Float16OptimizerWithFloat16Params written out: AdamW on fp32 main copies
     of the 16-bit parameters, with fp32 main gradients (Megatron's main_grad buffers); each
     step copies the (reduced) 16-bit gradients into the main gradients, updates the main copies
-    and copies them back into the parameters, each copy one multi-tensor kernel (Megatron's
-    multi_tensor_applier; here _foreach_copy_)."""
+    with apex's FusedAdam (one multi-tensor kernel updating them in place: here torch's fused
+    AdamW) and copies them back into the parameters, each copy one multi-tensor kernel
+    (Megatron's multi_tensor_applier; here _foreach_copy_)."""
 
     def __init__(self, params):
         import torch
         self.params = list(params)
         self.main = [p.detach().float() for p in self.params]
         self.main_grads = [torch.zeros_like(m) for m in self.main]
-        self.opt = torch.optim.AdamW(self.main, lr=1e-4, foreach=True)
+        self.opt = torch.optim.AdamW(self.main, lr=1e-4, fused=True)
 
     def step(self):
         import torch
@@ -588,7 +594,8 @@ def plan_programs(r: Run, need_micro: bool) -> dict:
     out = {}
     hardware = dict(plan.resolve(r.hardware), **r.hardware_fields,
                     **OVERRIDES.get(r.hardware, {}))
-    with plan.Plan(num_devices=r.chips, hardware=hardware) as p:
+    with plan.Plan(num_devices=r.chips, hardware=hardware,
+                   fused_memory=True if r.compiled else None) as p:
         mesh = xs.Mesh(np.arange(r.chips), (r.dp, r.fsdp, r.tp), ("data", "fsdp", "tensor"))
         residual = {"sequence": (("data", "fsdp"), "tensor", None),
                     "hidden": (("data", "fsdp"), None, "tensor")}.get(r.residual)
@@ -727,8 +734,11 @@ def score(runs: List[Run]) -> List[dict]:
                 sweeps.setdefault(r.sweep, []).append(r)
         rhos = [spearman([r.results["predicted_step_seconds"] for r in v], [r.measured_s for r in v])
                 for v in sweeps.values() if len(v) > 2]
+        peaks = [(r.results["peak_gb"] - r.measured_peak_gb) / r.measured_peak_gb
+                 for r in rs if r.measured_peak_gb]
         rows.append(dict(
             group=g, runs=len(rs), failed=failed,
+            peak_err=statistics.mean(abs(e) for e in peaks) if peaks else None,
             mean_abs=statistics.mean(abs_err), median_abs=statistics.median(abs_err),
             max_abs=max(abs_err), median_signed=statistics.median(err),
             within20=sum(a <= 0.2 for a in abs_err) / len(rs),
@@ -742,18 +752,19 @@ def score(runs: List[Run]) -> List[dict]:
 def table(rows: List[dict]) -> str:
     out = ["| group | runs | mean \\|err\\| | median \\|err\\| | max \\|err\\| | median signed | "
            "within +-20% | in [overlapped, no overlap] | false \"does not fit\" | min Spearman (sweeps) | "
-           "plan s/run |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "peak \\|err\\| (measured peaks) | plan s/run |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if not r["runs"]:
-            out.append(f"| {r['group']} | 0 ({r['failed']} failed) |" + " |" * 9)
+            out.append(f"| {r['group']} | 0 ({r['failed']} failed) |" + " |" * 10)
             continue
         rho = "" if r["spearman_min"] is None else f"{r['spearman_min']:.2f}"
         fail = f" ({r['failed']} failed)" if r["failed"] else ""
         out.append(
             f"| {r['group']} | {r['runs']}{fail} | {r['mean_abs']:.1%} | {r['median_abs']:.1%} | "
             f"{r['max_abs']:.1%} | {r['median_signed']:+.1%} | {r['within20']:.0%} | "
-            f"{r['bracket']:.0%} | {r['false_oom']} | {rho} | {r['plan_s']:.2f} |")
+            f"{r['bracket']:.0%} | {r['false_oom']} | {rho} | "
+            f"{'' if r['peak_err'] is None else format(r['peak_err'], '.1%')} | {r['plan_s']:.2f} |")
     return "\n".join(out)
 
 

@@ -112,6 +112,8 @@ void BindGraph(py::module_& m) {
   m.def("_defer_output_reductions", &aten::DeferOutputReductions);
   m.def("_set_collective_matmul", &aten::SetWindowedEinsum);
   m.def("_collective_matmul", &aten::WindowedEinsum);
+  m.def("_set_fused_memory", &aten::SetFusedMemory);
+  m.def("_fused_memory", &aten::FusedMemory);
   m.def("_last_step_stats", [] {
     partition::ProgramStats s = aten::LastStepStats();
     auto to_list = [](const std::vector<partition::CollectiveStat>& stats) {

@@ -37,6 +37,10 @@ Every number is per device (a TPU chip or a GPU). Fields:
   host holds does not fit); ``host_bandwidth``: bytes/s of each device's link to its host (PCIe)
   one way, which the copies cross. Without them (a user's dict): 32 GB/s, one device per host,
   host memory not checked.
+- ``fused_memory``: the runtime compiles and fuses elementwise ops, so that a value with one
+  reader, made by a pointwise op or read by one, is never held in device memory
+  (``torch_spmd.runtime.set_fused_memory``): TPU presets True (XLA), GPU presets False (eager
+  PyTorch; ``Plan(fused_memory=True)`` for torch.compile).
 - ``kernel_overhead``: seconds the host takes to issue one kernel; the device cannot run an op
   before the host has issued it (eager PyTorch on GPUs; 0 for XLA's compiled TPU programs).
 - ``collective_matmul_bytes``: the runtime decomposes a tensor-parallel matmul's all-gather or
@@ -61,8 +65,17 @@ published here:
   the TP degree).
 - The exponent of that smooth maximum, 3, is fitted once on the same rows (2-4 tried; on an
   even third, then checked on the rest) and holds for every preset with a kernel overhead.
-- ``tpu-v4``: ``matmul_efficiency`` 0.77, fitted on MaxText's 22B/52B FSDP runs (64-512 chips;
-  XLA issues one program per step: no kernel overhead).
+- ``tpu-v4``: ``matmul_efficiency`` 0.76, fitted on MaxText's 22B/52B FSDP runs (64-512 chips;
+  XLA issues one program per step: no kernel overhead; 0.77 before collectives used every torus
+  dimension a group spans).
+- ``tpu-v5e`` 0.86, ``tpu-v5p`` 0.89, ``tpu-v6e`` 0.80 (``matmul_efficiency``), each fitted on
+  its few-shot rows of ``published_runs_few_shot.csv`` (v5e: MaxText 16B FSDP 256 and 128B
+  FSDP 16 x TP 16 with q/k/v offloaded; v5p: 32B FSDP 16 x TP 4 and 512B FSDP 64 x TP 8; v6e:
+  tpu-recipes' Llama 3.1 8B on 8 chips, host-offloaded), with collective matmul and host
+  offloading as those runs used them (``plan_fidelity.py --fit``, grid 0.40-0.95).
+- ``h100-80gb``: ``matmul_efficiency`` 0.59, fitted on Megatron-LM's H100 weak-scaling row (GPT
+  1.7B on 48 H100s, data parallel with the distributed optimizer); ``kernel_overhead`` is the
+  A100's.
 - ``h100-96gb``: ``matmul_efficiency`` 0.48, fitted on torchtitan's two Llama 3.1 8B FSDP runs
   (8 GPUs, selective activation checkpointing; eager and torch.compile, which plan the same
   program: 0.48 splits the error between them, -6% and +8%). The 500 W cap and torchtitan's
@@ -72,10 +85,10 @@ published here:
 **Transferred constants.** A preset without a measured run of its own takes the fitted
 constants of its family's calibrated chip, not the peak: no chip runs a training step at 100%
 of its peak, and the fraction a software stack achieves moves much less between generations
-than the peak does. ``tpu-v5e``, ``tpu-v5p`` and ``tpu-v6e`` take ``tpu-v4``'s (XLA on a TPU,
-MaxText's programs); ``h100-80gb`` and ``h200`` take ``a100-80gb``'s (eager PyTorch on an
-NVIDIA GPU, Megatron-LM's kernels; not ``h100-96gb``'s, whose 500 W cap the 700 W parts do not
-have). A measured ceiling for comparison: one H200's bf16 8192^3 matmul runs at 0.79 of its peak
+than the peak does. ``h200`` takes ``h100-80gb``'s (the same Hopper SMs at 700 W; not
+``h100-96gb``'s, whose 500 W cap the 700 W parts do not have): against one real H200
+(``benchmarks/gpu_check.py``, not fitted on) the A100's 0.66 it took before predicted its steps
+8-37% too fast. A measured ceiling for comparison: one H200's bf16 8192^3 matmul runs at 0.79 of its peak
 (``benchmarks/gpu_check.py``); a training step's matmuls average less. Give your own numbers
 in a dict when you have measured your pod: ``plan.resolve(dict(plan.resolve("v5p"),
 matmul_efficiency=...))``.
@@ -146,7 +159,7 @@ def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips
                 hbm_bandwidth=hbm_bandwidth, hbm_efficiency=PLACEHOLDER_EFFICIENCY,
                 ring_bandwidth=2 * link_bandwidth, torus_dims=torus_dims,
                 devices_per_slice=slice_chips, dcn_bandwidth=dcn_bandwidth, link_latency=5e-6,
-                collective_matmul_bytes=TPU_COLLECTIVE_MATMUL_BYTES)
+                collective_matmul_bytes=TPU_COLLECTIVE_MATMUL_BYTES, fused_memory=True)
 
 
 def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth, sms,
@@ -163,8 +176,12 @@ def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_b
 # Fitted on the calibration rows, and transferred to the same family's chips without rows
 # of their own (module docstring, "Fitted constants", "Transferred constants").
 A100_FITTED = dict(matmul_efficiency=0.66, kernel_overhead=48e-6)
-TPU_V4_FITTED = dict(matmul_efficiency=0.77)
+TPU_V4_FITTED = dict(matmul_efficiency=0.76)
+TPU_V5E_FITTED = dict(matmul_efficiency=0.86)
+TPU_V5P_FITTED = dict(matmul_efficiency=0.89)
+TPU_V6E_FITTED = dict(matmul_efficiency=0.80)
 H100_96GB_FITTED = dict(matmul_efficiency=0.48, kernel_overhead=A100_FITTED["kernel_overhead"])
+H100_80GB_FITTED = dict(matmul_efficiency=0.59, kernel_overhead=A100_FITTED["kernel_overhead"])
 
 # Hosts: (chips per host, host memory, each chip's host link one way); module docstring.
 TPU_V4_HOST = (4, 400 * GB, 16 * GB)
@@ -177,21 +194,21 @@ PRESETS: Dict[str, dict] = {
     "tpu-v4": _tpu(275e12, 32 * GIB, 1200 * GB, 50 * GB, 3, 4096, 6.25 * GB, TPU_V4_HOST,
                    **TPU_V4_FITTED),
     "tpu-v5e": _tpu(197e12, 16 * GIB, 819 * GB, 50 * GB, 2, 256, 3.125 * GB, TPU_V5E_HOST,
-                    **TPU_V4_FITTED),
+                    **TPU_V5E_FITTED),
     "tpu-v5p": _tpu(459e12, 95 * GIB, 2765 * GB, 100 * GB, 3, 6144, 6.25 * GB, TPU_V5P_HOST,
-                    **TPU_V4_FITTED),
+                    **TPU_V5P_FITTED),
     "tpu-v6e": _tpu(918e12, 32 * GB, 1640 * GB, 112 * GB, 2, 256, 12.5 * GB, TPU_V6E_HOST,
-                    tile=256, **TPU_V4_FITTED),
+                    tile=256, **TPU_V6E_FITTED),
     "a100-40gb": _gpu(312e12, 19.5e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, 108, 1000 * GB,
                       PCIE4, **A100_FITTED),
     "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, 108, 2000 * GB,
                       PCIE4, **A100_FITTED),
     "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132, 2000 * GB,
-                      PCIE5, **A100_FITTED),
+                      PCIE5, **H100_80GB_FITTED),
     "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132, 2000 * GB,
                       PCIE5, **H100_96GB_FITTED),
     "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132, 2000 * GB, PCIE5,
-                 **A100_FITTED),
+                 **H100_80GB_FITTED),
 }
 ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
            "trillium": "tpu-v6e", "a100": "a100-80gb", "h100": "h100-80gb", "tpu_v4": "tpu-v4",
@@ -286,6 +303,7 @@ def _with_defaults(hw: dict) -> dict:
     hw.setdefault("host_memory_bytes", 0)
     hw.setdefault("host_bandwidth", 32 * GB)
     hw.setdefault("collective_matmul_bytes", None)
+    hw.setdefault("fused_memory", False)
     cm = hw["collective_matmul_bytes"]
     if cm is not None and (isinstance(cm, bool) or not isinstance(cm, int) or cm < 0):
         raise ValueError(f"hardware collective_matmul_bytes must be None (off) or an int >= 0, "

@@ -290,3 +290,21 @@ def collective_matmul(threshold_bytes: Optional[int] = 0,
         yield
     finally:
         _C._set_collective_matmul(previous, previous_extent)
+
+
+def set_fused_memory(on: bool) -> None:
+    """Whether the memory figures of the steps that follow (``last_step_stats()``, plans) are
+    a compiling runtime's (XLA on TPUs, ``torch.compile``'s Inductor): a value with one reader,
+    made by a pointwise op or read by one, is computed inside a fusion and never held in device
+    memory (the fp32 cast of the logits before a log-softmax, a loss gradient's one-hot, a
+    weight's cast before its matmul). Off (the default): every value a program makes is held,
+    as eager PyTorch holds it. The program and its values are the same either way; plan mode
+    turns it on for presets whose runtime compiles (TPUs), see ``torch_spmd.plan.Plan``."""
+    if not isinstance(on, bool):
+        raise ValueError(f"set_fused_memory: expected True or False, got {on!r}")
+    _C._set_fused_memory(on)
+
+
+def fused_memory() -> bool:
+    """Whether memory figures are a compiling runtime's (``set_fused_memory``)."""
+    return _C._fused_memory()

@@ -597,6 +597,16 @@ void SetWindowedEinsum(int64_t bytes, int64_t min_step_extent) {
   Options().windowed_einsum_min_extent = std::max<int64_t>(min_step_extent, 1);
 }
 
+void SetFusedMemory(bool on) {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  Options().fused_memory = on;
+}
+
+bool FusedMemory() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return Options().fused_memory;
+}
+
 std::pair<int64_t, int64_t> WindowedEinsum() {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   return {Options().windowed_einsum_bytes, Options().windowed_einsum_min_extent};

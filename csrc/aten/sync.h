@@ -42,6 +42,9 @@ bool DeferOutputReductions();
 // device (-1, any negative: off) whose steps keep `min_step_extent` of the windowed dim.
 void SetWindowedEinsum(int64_t bytes, int64_t min_step_extent);
 std::pair<int64_t, int64_t> WindowedEinsum();  // (bytes, min_step_extent)
+// A compiling runtime's fusion in the memory figures (PartitionOptions::fused_memory).
+void SetFusedMemory(bool on);
+bool FusedMemory();
 
 // The program of the most recent step (executed or planned) and the parameters that step
 // donated; null before the first step.

@@ -17,13 +17,41 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
   using Key = std::pair<const ir::Node*, int>;
   const int end = static_cast<int>(program.nodes.size());
   std::map<Key, int> last_use;
+  // Where each node is computed: a node fused into its reader (Program::fused_away) is
+  // computed where that reader is, so what it reads lives until then.
+  std::vector<int> computed_at(program.nodes.size());
+  std::unordered_map<const ir::Node*, int> index;
+  for (size_t i = 0; i < program.nodes.size(); ++i) {
+    index.emplace(program.nodes[i].get(), static_cast<int>(i));
+    computed_at[i] = static_cast<int>(i);
+  }
+  if (!program.fused_away.empty())
+    for (int i = end - 1; i >= 0; --i)
+      for (const ir::Value& in : program.nodes[i]->inputs())
+        if (program.fused_away.count(in.node.get()))
+          computed_at[index.at(in.node.get())] = computed_at[i];
   for (size_t i = 0; i < program.nodes.size(); ++i)
-    for (const ir::Value& in : program.nodes[i]->inputs())
-      last_use[{in.node.get(), in.index}] = static_cast<int>(i);
+    for (const ir::Value& in : program.nodes[i]->inputs()) {
+      int& last = last_use[{in.node.get(), in.index}];
+      last = std::max(last, computed_at[i]);
+    }
   for (const ir::Value& out : program.outputs) last_use[{out.node.get(), out.index}] = end;
   for (size_t i = 0; i < program.params.size(); ++i)
     if (!donated || i >= donated->size() || !(*donated)[i])
       last_use[{program.params[i].get(), 0}] = end;  // kept: the caller still holds it
+  // A result written over an operand that dies at its op takes that operand's memory: the
+  // operand is counted up to the op before (Program::in_place).
+  for (const auto& [node, operands] : program.in_place) {
+    const int at = index.at(node);
+    for (int k : operands) {
+      if (k < 0 || k >= static_cast<int>(node->inputs().size())) continue;
+      const ir::Value& in = node->input(k);
+      auto it = last_use.find({in.node.get(), in.index});
+      if (it != last_use.end() && it->second == at && index.count(in.node.get()) &&
+          index.at(in.node.get()) < at)
+        it->second = at - 1;
+    }
+  }
   // A view (ShardingRule::view, OpCost::view) is a strided view of its operand's storage in
   // the program the user wrote: it holds no bytes of its own and keeps that storage alive as
   // long as it is read. Later views first, so that a view of a view reaches the storage.
@@ -49,7 +77,7 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
       if (t.dtype == DType::kUndefined) continue;
       auto it = last_use.find({&n, o});
       int until = it == last_use.end() ? static_cast<int>(i) : it->second;
-      const int64_t bytes = aliases[i] ? 0 : t.bytes();
+      const int64_t bytes = aliases[i] || program.fused_away.count(&n) ? 0 : t.bytes();
       const bool host = n.op() == to_host;  // offloaded: in the host's memory
       values.push_back(LiveValue{&n, o, static_cast<int>(i), until, host ? 0 : bytes,
                                  host ? bytes : 0});

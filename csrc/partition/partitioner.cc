@@ -142,6 +142,8 @@ class Partitioner {
       if (c.recomputed) program.stats.recomputed_flops += c.model_flops;
     }
     program.stats.op_costs = std::move(costs_);
+    program.in_place = std::move(in_place_);
+    if (options_.fused_memory) MarkFusedAway(program);
     int64_t peak_at = 0;
     program.stats.peak_bytes_per_device = PeakBytesPerDevice(program, &peak_at);
     program.stats.host_peak_bytes_per_device = PeakHostBytesPerDevice(program);
@@ -347,8 +349,75 @@ class Partitioner {
     SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
                n.op()->qualified, " produced ", results.size(), " results");
     if (!lb.cost_steps().empty()) SplitCost(lb.cost_steps());
+    if (!rule->updates_operand.empty() && !results.empty() &&
+        builder_.nodes().size() > first_node && results[0].value.node == builder_.nodes().back())
+      in_place_[builder_.nodes().back().get()] = rule->updates_operand;
     if (IsPointwise(*rule) && rule->view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
+    // (Views too: a compiler folds them into the fusion around them, as XLA's bitcasts.)
+    if (IsPointwise(*rule) || rule->view != ViewKind::kNone || rule->fuses_into_reader)
+      for (size_t k = first_node; k < builder_.nodes().size(); ++k)
+        if (!builder_.nodes()[k]->op()->internal) fusible_.insert(builder_.nodes()[k].get());
     locals_[&n] = std::move(results);
+  }
+
+  // The values a compiling runtime never holds (PartitionOptions::fused_memory). A fusion is a
+  // group of local ops ending at the one whose value is held; it holds at most one op that is
+  // not elementwise (a matmul, a reduction: its "hero", as XLA's fusions have one), with the
+  // elementwise ops (fusible_: pointwise, views, ShardingRule::fuses_into_reader) around it. A
+  // value joins its one reader's fusion when it is elementwise, or when its reader is and that
+  // fusion has no hero yet. Not an output, not a collective's.
+  void MarkFusedAway(Program& program) const {
+    std::unordered_map<const ir::Node*, int> readers;
+    std::unordered_map<const ir::Node*, const ir::Node*> reader_of;
+    for (const ir::NodePtr& n : program.nodes)
+      for (const ir::Value& in : n->inputs()) {
+        ++readers[in.node.get()];
+        reader_of[in.node.get()] = n.get();
+      }
+    for (const ir::Value& out : program.outputs) readers[out.node.get()] += 2;
+    std::unordered_map<const ir::Node*, const ir::Node*> fusion_of;  // node -> held root
+    std::unordered_set<const ir::Node*> has_hero;                     // roots
+    auto root = [&](const ir::Node* n) {
+      auto it = fusion_of.find(n);
+      return it == fusion_of.end() ? n : it->second;
+    };
+    for (auto it = program.nodes.rbegin(); it != program.nodes.rend(); ++it) {
+      const ir::Node* n = it->get();
+      if (n->op()->internal || n->is_data()) continue;
+      const bool elementwise = fusible_.count(n) > 0;
+      auto count = readers.find(n);
+      const ir::Node* reader =
+          n->num_outputs() == 1 && count != readers.end() && count->second == 1
+              ? reader_of.at(n) : nullptr;
+      const bool joins = reader && !reader->op()->internal &&
+                         (elementwise || (fusible_.count(reader) && !has_hero.count(root(reader))));
+      if (!joins) {  // held: a fusion of its own
+        if (!elementwise) has_hero.insert(n);
+        continue;
+      }
+      const ir::Node* r = root(reader);
+      fusion_of[n] = r;
+      if (!elementwise) has_hero.insert(r);
+      program.fused_away.insert(n);
+    }
+    // An elementwise op writes its result over an operand of the same type that dies there,
+    // as XLA's buffer assignment shares it (an optimizer's updates: no second copy).
+    for (const ir::NodePtr& n : program.nodes) {
+      if (!fusible_.count(n.get()) || program.fused_away.count(n.get()) ||
+          program.in_place.count(n.get()))
+        continue;
+      std::vector<int> over(n->num_outputs(), -1);
+      std::vector<bool> taken(n->inputs().size(), false);
+      bool any = false;
+      for (int o = 0; o < n->num_outputs(); ++o)
+        for (size_t k = 0; k < n->inputs().size(); ++k)
+          if (!taken[k] && n->input(k).type() == n->output(o)) {
+            over[o] = static_cast<int>(k);
+            taken[k] = any = true;
+            break;
+          }
+      if (any) program.in_place[n.get()] = std::move(over);
+    }
   }
 
   // Fusion bookkeeping: the local nodes a pointwise op's lowering emitted for its results
@@ -560,6 +629,8 @@ class Partitioner {
   std::vector<OpCost> costs_;
   std::unordered_set<const ir::Node*> recomputed_;  // ir/recompute.h
   std::unordered_set<const ir::Node*> weights_;     // see the constructor
+  std::unordered_set<const ir::Node*> fusible_;     // local pointwise ops (MarkFusedAway)
+  std::unordered_map<const ir::Node*, std::vector<int>> in_place_;  // Program::in_place
   // Local nodes a pointwise op emitted for its results: that op's entry in costs_ and the
   // global node it lowers (whose results' readers decide whether they fuse).
   struct PointwiseResult {

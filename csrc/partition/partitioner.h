@@ -31,11 +31,20 @@ struct PartitionOptions {
   int64_t windowed_einsum_bytes = -1;
   // ... and only where each step keeps at least this extent of the windowed dim.
   int64_t windowed_einsum_min_extent = 128;
+  // A compiling runtime's fusion (XLA; torch.compile's Inductor) in the memory figures: a
+  // value with one reader, made by a pointwise op or a view (or one that
+  // ShardingRule::fuses_into_reader) or read by one, is computed inside a fusion and never
+  // held in device memory (the cast of the logits to fp32 before a log-softmax, a loss
+  // gradient's one-hot, the log-softmax gradient reshaped and cast back to 16 bits). Off: every value a
+  // program makes is held, as eager PyTorch holds it. The program and its values are the same
+  // either way.
+  bool fused_memory = false;
 
   Hash Key() const {
-    return HashCombine(HashCombine(HashInt(defer_output_reductions ? 1 : 0),
-                                   HashInt(windowed_einsum_bytes)),
-                       HashInt(windowed_einsum_min_extent));
+    return HashCombine(HashCombine(HashCombine(HashInt(defer_output_reductions ? 1 : 0),
+                                               HashInt(windowed_einsum_bytes)),
+                                   HashInt(windowed_einsum_min_extent)),
+                       HashInt(fused_memory ? 1 : 0));
   }
 };
 

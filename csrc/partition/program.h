@@ -4,6 +4,8 @@
 #pragma once
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ir/graph.h"
@@ -103,6 +105,14 @@ struct Program {
   std::vector<Sharding> output_shardings;  // invalid = replicated
   std::vector<TensorType> output_global_types;
   ProgramStats stats;
+  // Nodes whose result a compiling runtime computes inside its reader's fusion: it takes no
+  // device memory (PartitionOptions::fused_memory, partition/cost.h).
+  std::unordered_set<const ir::Node*> fused_away;
+  // Nodes whose results are written over operands in place (ShardingRule::updates_operand; and
+  // under PartitionOptions::fused_memory, an elementwise op over an operand of its size that
+  // dies there, as XLA's buffer assignment shares it): per result, that operand's input index,
+  // or -1.
+  std::unordered_map<const ir::Node*, std::vector<int>> in_place;
   std::string ToText() const;
   const OpTraits& TraitsAt(size_t node_index) const;
 };

@@ -18,14 +18,16 @@ planned step: per-device peak and resident bytes, FLOPs, every collective with i
 predicted step time (and where it goes) and MFU on ``hardware`` (see
 ``torch_spmd.plan.hardware``), and the assumptions behind them. See docs/plan_mode.md.
 """
-from typing import Optional, Sequence, Union
+import contextlib
+from typing import Iterator, Optional, Sequence, Union
 
 from .. import _C
 from .. import runtime as xr
 from .hardware import PRESETS, measure_host, resolve  # noqa: F401
 from .report import ASSUMPTIONS, PlanReport, build_report  # noqa: F401
 
-__all__ = ["Plan", "PlanReport", "PRESETS", "resolve", "measure_host", "report_last_step"]
+__all__ = ["Plan", "PlanReport", "PRESETS", "resolve", "measure_host", "report_last_step",
+           "as_runtime"]
 
 _ACTIVE = []  # the plans entered, innermost last (plans do not nest: at most one)
 
@@ -66,12 +68,17 @@ class Plan:
             as the hardware's ``collective_matmul_bytes`` says (TPU presets: on, GPU presets:
             off), True (every one), False (off) or a threshold in bytes. Set for the steps
             planned inside the plan; the session's setting is restored after it.
+        fused_memory: whether the planned runtime fuses elementwise ops, so that the values
+            they make and read once are never held (``torch_spmd.runtime.set_fused_memory``):
+            None (default) as the hardware's ``fused_memory`` says (TPU presets: XLA, on; GPU
+            presets: eager PyTorch, off; pass True for torch.compile), True or False.
     """
 
     def __init__(self, num_devices: Optional[int] = None, hardware: Union[str, dict] = "tpu-v4",
                  mesh_shape: Optional[Sequence[int]] = None,
                  axis_names: Optional[Sequence[str]] = None,
-                 collective_matmul: Union[None, bool, int] = None):
+                 collective_matmul: Union[None, bool, int] = None,
+                 fused_memory: Optional[bool] = None):
         if num_devices is not None and (isinstance(num_devices, bool) or
                                         not isinstance(num_devices, int) or num_devices < 1):
             raise ValueError(f"num_devices must be a positive int, got {num_devices!r}")
@@ -84,6 +91,11 @@ class Plan:
         self._previous_mesh = None
         self.collective_matmul = _collective_matmul_bytes(collective_matmul, self.hardware)
         self._previous_collective_matmul = None
+        if fused_memory is not None and not isinstance(fused_memory, bool):
+            raise ValueError(f"fused_memory must be None, True or False, got {fused_memory!r}")
+        self.fused_memory = bool(self.hardware.get("fused_memory", False)) \
+            if fused_memory is None else fused_memory
+        self._previous_fused_memory = None
 
     def __repr__(self) -> str:
         n = self.num_devices if self.num_devices is not None else "current"
@@ -111,6 +123,8 @@ class Plan:
         self.num_devices = n
         self._previous_collective_matmul = _C._collective_matmul()
         xr.set_collective_matmul(self.collective_matmul, self._previous_collective_matmul[1])
+        self._previous_fused_memory = xr.fused_memory()
+        xr.set_fused_memory(self.fused_memory)
         _C._set_planning(True, repr(self))
         _ACTIVE.append(self)
         if self.mesh_shape is not None:
@@ -125,6 +139,8 @@ class Plan:
         _C._set_planning(False, "")
         if self._previous_collective_matmul is not None:
             _C._set_collective_matmul(*self._previous_collective_matmul)
+        if self._previous_fused_memory is not None:
+            xr.set_fused_memory(self._previous_fused_memory)
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if self.mesh is not None:
@@ -144,6 +160,28 @@ class Plan:
         """The last planned step's report (per-device memory, FLOPs, collectives, predicted
         step time and MFU on this plan's hardware)."""
         return build_report(self.num_devices or xr.global_runtime_device_count(), self.hardware)
+
+
+@contextlib.contextmanager
+def as_runtime(hardware: Union[str, dict], collective_matmul: Union[None, bool, int] = None,
+               fused_memory: Optional[bool] = None) -> Iterator[None]:
+    """Executes the steps inside the block as the runtime of ``hardware`` compiles them, with
+    the partitioning and memory options a plan on it uses (collective matmul and fused memory:
+    ``Plan``'s arguments of those names), so that a step executed here and one planned on
+    ``hardware`` are the same program (``report_last_step(hardware)`` then prices what the plan
+    predicts). The session's settings are restored after the block."""
+    hw = resolve(hardware)
+    if fused_memory is not None and not isinstance(fused_memory, bool):
+        raise ValueError(f"fused_memory must be None, True or False, got {fused_memory!r}")
+    previous_cm, previous_fused = _C._collective_matmul(), xr.fused_memory()
+    xr.set_collective_matmul(_collective_matmul_bytes(collective_matmul, hw), previous_cm[1])
+    xr.set_fused_memory(bool(hw.get("fused_memory", False)) if fused_memory is None
+                        else fused_memory)
+    try:
+        yield
+    finally:
+        _C._set_collective_matmul(*previous_cm)
+        xr.set_fused_memory(previous_fused)
 
 
 def report_last_step(hardware: Union[str, dict] = "host") -> PlanReport:

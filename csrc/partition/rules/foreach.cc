@@ -63,16 +63,39 @@ std::optional<ShardingRule> ListPointwise(const ir::Node& node) {
   return rule;
 }
 
+// The fused optimizer steps update their lists in place (the functional `_fused_adam` exists
+// only as functionalization's form of `_fused_adam_`, `_foreach_copy` of `_foreach_copy_`):
+// result list j is tensor-list argument j, element by element.
+std::optional<ShardingRule> InPlaceListPointwise(const ir::Node& node) {
+  std::optional<ShardingRule> rule = ListPointwise(node);
+  if (!rule) return rule;
+  std::vector<const ir::Arg*> lists;
+  for (const ir::Arg& a : node.args())
+    if (a.kind == ir::Arg::Kind::kTensorList) lists.push_back(&a);
+  const size_t n = lists.empty() ? 0 : lists[0]->ints.size();
+  rule->updates_operand.assign(node.num_outputs(), -1);
+  for (int r = 0; r < node.num_outputs() && n > 0; ++r) {
+    const size_t j = r / n, i = r % n;
+    if (j < lists.size() && lists[j]->ints.size() == n &&
+        node.input(lists[j]->ints[i]).type() == node.output(r))
+      rule->updates_operand[r] = static_cast<int>(lists[j]->ints[i]);
+  }
+  return rule;
+}
+
 }  // namespace
 
 void RegisterForeachRules() {
   RegisterRulePrefix("aten::_foreach_", ListPointwise,
                      {"aten::_foreach_norm", "aten::_foreach_max", "aten::_foreach_powsum",
-                      "aten::_foreach_mm"});
+                      "aten::_foreach_mm", "aten::_foreach_copy"});
+  // (Like the fused steps, the functional _foreach_copy is only functionalization's form of
+  // _foreach_copy_: the copies land in the destinations' memory.)
+  RegisterRule("aten::_foreach_copy", InPlaceListPointwise);
   RegisterRules({"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sgd",
                  "aten::_fused_adagrad", "aten::_fused_adam_", "aten::_fused_adamw_",
                  "aten::_fused_sgd_", "aten::_fused_adagrad_"},
-                ListPointwise);
+                InPlaceListPointwise);
 }
 
 }  // namespace spmd::partition

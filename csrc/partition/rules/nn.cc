@@ -185,6 +185,7 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   set("weight", {{c}});
   if (reduction == kReductionNone) set("grad_output", {{n}});
   rule.results = {{{n}, {c}}};
+  rule.fuses_into_reader = true;  // a scaled one-hot of the targets
   rule.lower = [c](LocalBuilder& b, std::vector<LocalValue> ops) {
     std::vector<ir::Arg> args = b.WithSlots(b.node().args());
     LocalizeClasses(b, c, ops[InputOfArg(b.node(), "self")].local_shape()[1], ops, args);

@@ -143,6 +143,17 @@ struct ShardingRule {
   // decoding loop's growing ids stay out of its graphs.
   bool joins = false;
 
+  // The op computes each result element from operand elements alone, without a reduction,
+  // though it is no pointwise op (nll_loss_backward: the targets' one-hot, scaled): a compiling
+  // runtime computes it inside its one reader's fusion, as it does a pointwise op
+  // (PartitionOptions::fused_memory).
+  bool fuses_into_reader = false;
+  // Per result, the operand it is written over in place (-1: a buffer of its own): the op is an
+  // in-place update that functionalization made functional (the fused optimizer steps, which
+  // have no out-of-place form), so where that operand dies at the op the result takes its
+  // memory (partition/cost.h) instead of being held beside it.
+  std::vector<int> updates_operand;
+
   // Cost, read by partition/cost.cc (which knows no op names): FLOPs per point of the op's
   // iteration space, the product of its factor sizes; mm's [i,k],[k,j] -> [i,j] is 2 (a
   // multiply and an add per (i,k,j)); 0 for ops that compute nothing (factories). Unset: one
