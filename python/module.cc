@@ -153,6 +153,7 @@ void BindGraph(py::module_& m) {
     d["op_costs"] = costs;
     d["resident_bytes_per_device"] = s.resident_bytes_per_device;
     d["device_peak_bytes"] = s.device_peak_bytes;
+    d["reserved_bytes_per_device"] = s.reserved_bytes_per_device;
     d["replicated_fallback_ops"] = s.replicated_fallback_ops;
     return d;
   });

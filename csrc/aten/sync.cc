@@ -10,6 +10,7 @@
 #include "aten/graph_template.h"
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
+#include "partition/caching_allocator.h"
 #include "partition/cost.h"
 #include "partition/partitioner.h"
 #include "partition/rules/rule.h"
@@ -218,6 +219,8 @@ partition::ProgramStats StepStats(const LastStep& last) {
   if (!program.nodes.empty()) stats.peak_op = program.nodes[at]->op()->qualified;
   stats.resident_bytes_per_device = last.resident;
   stats.device_peak_bytes = last.beside + stats.peak_bytes_per_device;
+  stats.reserved_bytes_per_device =
+      partition::ReservedPeakPerDevice(program, last.beside, &last.donated);
   return stats;
 }
 

@@ -87,6 +87,9 @@ struct ProgramStats {
   // The device's peak while the step runs: the program's peak (its parameters and values)
   // plus the data of every other live tensor, which stays on the device meanwhile.
   int64_t device_peak_bytes = 0;
+  // What an eager runtime's caching allocator reserves for that peak (its freed blocks kept
+  // for reuse: partition/caching_allocator.h): torch.cuda.max_memory_reserved's counterpart.
+  int64_t reserved_bytes_per_device = 0;
   std::map<std::string, int64_t> replicated_fallback_ops;  // op name -> count
   // Outputs that leave the program as pending partial results (kind "all-reduce", the axes
   // they are partial over): reduced on the host when read, or by the program that next

@@ -84,6 +84,9 @@ class PlanReport:
     # Offloaded values (torch_spmd.memory.offload, save_on_cpu): the most bytes of host memory
     # one device's take at once, what its host holds for all its devices, and the time of the
     # copies over the host link (on streams of their own).
+    # What an eager runtime's caching allocator reserves for the step (its freed blocks kept:
+    # torch.cuda.max_memory_reserved, what torchtitan logs); the fit is judged on the peak.
+    reserved_bytes_per_device: int = 0
     host_bytes_per_device: int = 0
     host_bytes_per_host: int = 0
     host_transfer_seconds: float = 0.0
@@ -102,6 +105,8 @@ class PlanReport:
             f"({hw['peak_flops_bf16'] / 1e12:.3g} TFLOP/s bf16, {_fmt_bytes(hw['hbm_bytes'])} HBM)",
             f"  peak memory per device      {_fmt_bytes(peak):>14}   (at {self.peak_op})",
             f"  resident after the step     {_fmt_bytes(resident):>14}",
+            f"  reserved by an allocator    {_fmt_bytes(self.reserved_bytes_per_device):>14}"
+            f"   (eager PyTorch's caching allocator keeps freed blocks)",
             *([f"  offloaded to host memory    {_fmt_bytes(self.host_bytes_per_device):>14}"
                f"   per device ({_fmt_bytes(self.host_bytes_per_host)} per host; "
                f"{_fmt_seconds(self.host_transfer_seconds)} over the host links)"]
@@ -316,5 +321,6 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
         time_by_module=_time_by_module(stats, est), mfu=mfu, fits=fits,
         peak_op=stats["peak_op"], out_of_memory=oom, hfu=hfu, recomputed_flops=recomputed,
         replicated_fallback_ops=dict(stats["replicated_fallback_ops"]), planned=planned,
-        pipeline=pipelines, host_bytes_per_device=host_device, host_bytes_per_host=host_total,
+        pipeline=pipelines, reserved_bytes_per_device=stats.get("reserved_bytes_per_device", 0),
+        host_bytes_per_device=host_device, host_bytes_per_host=host_total,
         host_transfer_seconds=est["host_transfer_seconds"])
