@@ -44,8 +44,34 @@ double RingSteps(int64_t r, int torus_dims) {
   return steps;
 }
 
+std::vector<int64_t> TorusSidesFor(int64_t devices, int torus_dims,
+                                   const std::vector<int64_t>* mesh_shape) {
+  std::vector<int64_t> sides = CompactSides(devices, torus_dims);  // largest first
+  if (!mesh_shape || mesh_shape->empty()) return sides;
+  // The mesh's minor axes, gathered: 8, then 8 x 64 for a (256, 8) mesh.
+  std::vector<int64_t> spans;
+  int64_t product = 1;
+  for (auto it = mesh_shape->rbegin(); it != mesh_shape->rend() && product < devices; ++it)
+    if (*it > 1) spans.push_back(product *= *it);
+  auto score = [&](const std::vector<int64_t>& order) {
+    int hits = 0;
+    int64_t p = 1;
+    for (size_t k = 0; k + 1 < order.size(); ++k)
+      hits += std::count(spans.begin(), spans.end(), p *= order[k]) > 0;
+    return hits;
+  };
+  std::vector<int64_t> order = sides, best = sides;
+  int best_score = score(sides);
+  while (std::prev_permutation(order.begin(), order.end()))
+    if (score(order) > best_score) {
+      best = order;
+      best_score = score(order);
+    }
+  return best;
+}
+
 TorusSpan SpanOnTorus(const std::vector<int64_t>& members, int64_t domain_devices,
-                      int torus_dims) {
+                      int torus_dims, const std::vector<int64_t>* mesh_shape) {
   TorusSpan span;
   const int64_t r = static_cast<int64_t>(members.size());
   if (r <= 1) return span;
@@ -53,7 +79,7 @@ TorusSpan SpanOnTorus(const std::vector<int64_t>& members, int64_t domain_device
     span.steps = static_cast<double>(r - 1);
     return span;
   }
-  const std::vector<int64_t> sides = CompactSides(domain_devices, torus_dims);
+  const std::vector<int64_t> sides = TorusSidesFor(domain_devices, torus_dims, mesh_shape);
   span.steps = 0;
   span.bandwidth_factor = 0;
   int64_t stride = 1;
@@ -130,7 +156,7 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
       compact.bandwidth_factor = std::max(compact.bandwidth_factor, 1.0);
       return compact;
     }
-    return SpanOnTorus(members, domain_devices, hw.torus_dims);
+    return SpanOnTorus(members, domain_devices, hw.torus_dims, c.mesh_shape.get());
   };
   // One ring through the whole group: across domains, one ring per NIC of the m members a
   // domain holds; inside one, as its torus span says.

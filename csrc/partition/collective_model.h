@@ -60,12 +60,21 @@ double RingSteps(int64_t r, int torus_dims);
 // multi-dimensional collectives and the scaling book's "multi-axis AllGather" do), so the
 // bandwidth is `bandwidth_factor` x a dimension's ring: 1 for each whole dimension spanned, a
 // half for part of one (a line, reached one way at its far end). `members` are device ids
-// (domain by domain, `domain_devices` each); a switch (torus_dims 0) is one ring.
+// (domain by domain, `domain_devices` each) laid along the sides TorusSidesFor gives; a switch
+// (torus_dims 0) is one ring.
 struct TorusSpan {
   double steps = 0;
   double bandwidth_factor = 1;
 };
-TorusSpan SpanOnTorus(const std::vector<int64_t>& members, int64_t domain_devices, int torus_dims);
+TorusSpan SpanOnTorus(const std::vector<int64_t>& members, int64_t domain_devices, int torus_dims,
+                      const std::vector<int64_t>* mesh_shape = nullptr);
+// The sides of a slice of `devices` chips in the order device ids run along them: the compact
+// sides, ordered so that the minor axes of the mesh (`mesh_shape`, major to minor; none:
+// largest side first) each fill whole dimensions where the sides allow, as
+// jax.experimental.mesh_utils lays a mesh's axes onto the physical ones (a (256, 8) mesh on
+// 2,048 v5p chips, 16 x 16 x 8: the 8 first).
+std::vector<int64_t> TorusSidesFor(int64_t devices, int torus_dims,
+                                   const std::vector<int64_t>* mesh_shape);
 
 struct CollectiveTime {
   std::string kind;

@@ -37,6 +37,9 @@ void ProgramBuilder::RecordCollective(const char* kind, const AxisList& axes, in
   stat.bytes = bytes;
   stat.first_group = FirstDeviceGroup(*mesh_, axes);
   stat.mesh_devices = mesh_->size();
+  if (!mesh_shape_ || *mesh_shape_ != mesh_->shape())
+    mesh_shape_ = std::make_shared<const std::vector<int64_t>>(mesh_->shape());
+  stat.mesh_shape = mesh_shape_;
   stat.node = node;
   stat.scope = ir::ScopeName(scope_);
   stat.position = static_cast<int64_t>(nodes_.size()) - 1;

@@ -66,6 +66,7 @@ class ProgramBuilder {
   bool in_backward_ = false;
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
+  std::shared_ptr<const std::vector<int64_t>> mesh_shape_;  // shared by the stats
   std::unordered_multimap<Hash, ReshardEntry> reshards_;
   std::map<std::pair<const ir::Node*, int>, LocalValue> resolved_;
 };

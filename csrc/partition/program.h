@@ -3,6 +3,7 @@
 // to the global graph's parameters, and each output comes with the layout it is produced in.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -22,6 +23,9 @@ struct CollectiveStat {
   // The device ids of one group (all groups are alike): whether a group crosses hosts.
   std::vector<int64_t> first_group;
   int64_t mesh_devices = 0;  // devices of the mesh it runs on (how large a TPU slice is used)
+  // That mesh's axis sizes, major to minor: how its axes lie along a TPU slice's dimensions
+  // (partition/collective_model.h, TorusSidesFor).
+  std::shared_ptr<const std::vector<int64_t>> mesh_shape;
   // The links it uses: 0 every link of its group; 1 and 2 one direction each (a
   // collective-permute around a ring, toward the previous or the next member). On a torus, whose
   // links carry each direction on their own, permutes of opposite directions run at once

@@ -74,6 +74,7 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   s.collective_exposed.assign(num_collectives, 0);
   std::vector<double> end_of(num_ops, 0), collective_end(num_collectives, 0);  // by stream place
   std::vector<bool> issued(num_collectives, false);
+  std::vector<double> ready_at(num_collectives, 0);  // when its input is there
   double compute_free = 0, comm_free = 0;  // comm_free: when the first direction is free
   // When each stream is free: the two directions of the links (one stream where they are not
   // apart), and the two of the host link.
@@ -113,18 +114,22 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
     const int channel = channel_of(j);
     const double free = channel == 0 ? std::max(direction_free[0], direction_free[1])
                                      : direction_free[channel - 1];
-    s.collective_start[j] = std::max(comm_free, free);
+    // (A host-link copy waits for its own stream only, not for the links.)
+    s.collective_start[j] = std::max(channel >= 3 ? ready_at[j] : comm_free, free);
     collective_end[j] = s.collective_start[j] + collective_seconds[j];
     for (int d = 0; d < 4; ++d)
       if ((channel == 0 && d < 2) || channel == d + 1) direction_free[d] = collective_end[j];
-    comm_free = *std::min_element(direction_free, direction_free + 4);
+    // (Which collective goes next is chosen when a link is free; the host link's streams,
+    // idle most of the step, would make every collective look issuable at once.)
+    comm_free = std::min(direction_free[0], direction_free[1]);
     if (last == num_collectives || collective_end[j] >= collective_end[last]) last = j;
     issued[j] = true;
   };
   for (size_t t = 0; t <= num_ops; ++t) {
     for (; known < num_collectives && needs[by_needs[known]] <= t; ++known) {
       const size_t j = by_needs[known];
-      later.push({needs[j] > 0 ? end_of[needs[j] - 1] : 0, j});
+      ready_at[j] = needs[j] > 0 ? end_of[needs[j] - 1] : 0;
+      later.push({ready_at[j], j});
     }
     if (t == num_ops) {  // the end of the step: every collective is done
       while (!later.empty() || !ready_now.empty()) issue_next();

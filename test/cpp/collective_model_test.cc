@@ -96,6 +96,14 @@ TEST(SpanOnTorusTest, WhereAMeshAxisSitsOnTheSlice) {
   // Ids of a second slice sit where the first slice's would.
   EXPECT_EQ(SpanOnTorus(Ids(512, 8), 512, 3).steps, 7);
   EXPECT_EQ(CompactSides(1024, 3), (std::vector<int64_t>{16, 8, 8}));
+  // 2,048 v5p chips (16 x 16 x 8) under a (256 fsdp, 8 tensor) mesh: the tensor axis fills the
+  // side of 8, a whole ring, and fsdp the other two; largest first it would be half a side.
+  const std::vector<int64_t> mesh = {256, 8};
+  EXPECT_EQ(TorusSidesFor(2048, 3, &mesh), (std::vector<int64_t>{8, 16, 16}));
+  EXPECT_EQ(SpanOnTorus(Ids(0, 8), 2048, 3, &mesh).bandwidth_factor, 1);
+  EXPECT_EQ(SpanOnTorus(Ids(0, 8), 2048, 3).bandwidth_factor, 0.5);
+  const std::vector<int64_t> tp16 = {64, 16};  // 1,024 chips, 16 x 8 x 8: the 16 first
+  EXPECT_EQ(TorusSidesFor(1024, 3, &tp16), (std::vector<int64_t>{16, 8, 8}));
 }
 
 TEST(CollectiveModelTest, FsdpOverATwoDimensionalSliceUsesBothDimensions) {

@@ -201,5 +201,20 @@ TEST(StepScheduleTest, PermutesOfOppositeDirectionsShareATorusBesideEachOther) {
   EXPECT_EQ(all.seconds, 3.0);
 }
 
+TEST(StepScheduleTest, TheHostLinkDoesNotReorderTheLinksCollectives) {
+  // The link is busy with a gather of a parameter (1 s). Two more wait: one early in the
+  // program whose input op 0 makes at 0.5 s, one later whose input (a parameter) is there from
+  // the start. When the link frees up at 1 s both are ready: the earlier in the program goes
+  // first, as without the host link's idle streams (which must not count as a free link).
+  ProgramStats stats = Ops({10, 40});
+  stats.collectives = {At("all-gather", 5, -1, 40), At("all-gather", 20, 10, 40),
+                       At("all-gather", 30, -1, 40), At("device-to-host", 11, 10, 40)};
+  stats.collectives[3].channel = 3;
+  StepSchedule s = ScheduleStep(stats, {0.5, 1}, {1, 1, 1, 0.1}, 0, {}, 0, true);
+  EXPECT_EQ(s.collective_start[1], 1.0);
+  EXPECT_EQ(s.collective_start[2], 2.0);
+  EXPECT_EQ(s.collective_start[3], 0.5);  // beside the link, once its input is made
+}
+
 }  // namespace
 }  // namespace spmd::partition

@@ -10,28 +10,37 @@ from .pipeline_schedule import last_schedules
 
 ASSUMPTIONS = [
     "Each local op takes max(compute, memory) (roofline). Compute: FLOPs / (peak FLOP/s for its "
-    "dtype); a contraction (matmul, convolution) runs at matmul_efficiency x the peak, and each "
-    "of its per-device GEMM extents M, N, K is padded to a multiple of matmul_tile. Memory: "
-    "bytes read and written / (HBM bandwidth x hbm_efficiency). FLOPs come from the op's "
-    "sharding rule (iteration space), bytes from its local operand and result shapes.",
+    "dtype); a contraction (matmul, convolution) runs at matmul_efficiency x the peak, x the "
+    "real fraction of its GEMM with each extent padded to matmul_tile and, on GPUs, x the "
+    "fraction of the SMs its output tiles keep busy. Memory: bytes read and written / (HBM "
+    "bandwidth x hbm_efficiency). FLOPs come from the op's sharding rule (iteration space), "
+    "bytes from its local operand and result shapes; views take no time.",
     "Pointwise ops fuse: a pointwise op reading a value that a pointwise op produced for it "
     "alone does not pay that value's HBM write and read. Other fusions (into reductions, matmul "
-    "prologues and epilogues), free views and layout changes are not modelled: the memory-bound "
-    "part stays an upper bound.",
+    "prologues and epilogues) are not modelled: the memory-bound part stays an upper bound.",
     "Collectives: the fastest of ring, tree (all-reduce) and hierarchical algorithms for where "
-    "the group sits: inside a domain (a GPU host's NVLink, a TPU slice's ICI torus, a ring per "
-    "torus dimension) at ring_bandwidth; across domains (hosts, slices) each member's own "
-    "cross-domain link, m members of a domain using m links in parallel; one link latency per "
-    "algorithm step.",
-    "The step is the critical path of two streams (predicted_step_seconds): ops on one "
-    "(communication-free ops first, then the rest, each in program order), collectives one at "
-    "a time on the other (the earliest in the program among those whose input is ready); the "
-    "compute stream waits for a collective only at its first reader. "
-    "overlapped_step_seconds (full overlap) and no_overlap_step_seconds (none) bound it.",
-    "No kernel launch, host, input pipeline or compiler scheduling effects beyond that; "
-    "prefetched all-gathers do not add to the memory figures.",
+    "the group sits: inside a domain (a GPU host's NVLink; a TPU slice's ICI torus, using every "
+    "torus dimension the group spans) at ring_bandwidth; across domains each member's own "
+    "cross-domain link, m members of a domain using m links in parallel (NCCL across GPU hosts "
+    "runs ring or tree, not the hierarchical algorithm); one link latency per algorithm step. "
+    "With collective matmul on (TPU presets), a tensor-parallel matmul's all-gather or "
+    "reduce-scatter runs as a ring of collective-permutes between partial matmuls.",
+    "The step is the critical path of the compute stream and the links (predicted_step_seconds): "
+    "ops in program order (communication-free ops first), collectives one at a time per link "
+    "direction (the earliest in the program among those whose input is ready), copies to and "
+    "from host memory on the host link's own streams (a reload one op ahead of its reader); "
+    "the compute stream waits for a transfer only at its first reader. On presets with a "
+    "kernel_overhead (eager GPU runtimes) the host issues each kernel and the step is at least "
+    "the smooth maximum of the host's issue time and the device's. overlapped_step_seconds "
+    "(full overlap) and no_overlap_step_seconds (none) bound it.",
+    "No input pipeline, compiler scheduling beyond that, or cross-step overlap (an optimizer's "
+    "parameter all-gather hidden behind the next step's forward counts as exposed).",
     "Memory: parameters of the step stay live throughout it, every other value from its "
-    "definition to its last use; the data of tensors the step does not read stays resident.",
+    "definition to its last use; the data of tensors the step does not read stays resident. "
+    "With fused memory (compiling runtimes: the TPU presets) a single-use elementwise value "
+    "lives inside its reader's fusion, and in-place updates share their operand's buffer. "
+    "reserved_bytes_per_device models eager PyTorch's CUDA caching allocator (pools, segment "
+    "sizes, best fit, splits) over the same allocations.",
     "MFU = model FLOPs (every op of the global program once, less the ops that compute a "
     "value again: activation checkpointing's recomputed forward) / (step time x devices x peak "
     "FLOP/s of the dtype most of those FLOPs use), also less a pipeline's bubble (its stages' "
