@@ -16,8 +16,9 @@ Two halves, run on different machines:
 
 The presets' constants are not fitted to these numbers (plan_calibration's rule: constants are
 fitted on its published rows only); the check says how far the h100/h200 presets, whose
-constants are transferred from the A100's fit, are from a real step of eager PyTorch and where
-the difference lies.
+constants are transferred (h200: h100-80gb's, fitted on Megatron-LM's H100 row), are from a
+real step of eager PyTorch and where the difference lies. The step it runs is plain PyTorch's:
+torch's foreach AdamW, not the fused kernel Megatron-LM's runs use in plan_fidelity.
 """
 import argparse
 import json
@@ -39,7 +40,12 @@ def _run(name, style, layers, hidden, heads, ffn, seq, batch, remat="none", fuse
                hidden=hidden, heads=heads, kv_heads=kv_heads or heads, head_dim=hidden // heads,
                ffn=ffn, vocab=vocab or (50257 if style == "gpt" else 32000), seq=seq,
                micro_batch=batch, global_batch=batch, tp=1, dp=1, fsdp=1, remat=remat,
-               fused_attention=fused, dtype="bf16", measured_s=0.0)
+               fused_attention=fused, dtype="bf16", measured_s=0.0, optimizer=GPU_CHECK_OPTIMIZER)
+
+
+# The AdamW kernels the GPU check runs (and its stored measurements ran): torch's foreach,
+# what a plain PyTorch script gets, whose whole-list temporaries can hold a step's peak.
+GPU_CHECK_OPTIMIZER = "foreach"
 
 
 # GPT: Megatron-LM's mixed precision (bf16 parameters, fp32 main copies and AdamW); Llama:
@@ -210,7 +216,7 @@ def compare(measured: dict) -> list:
         if "error" in m:
             rows.append(dict(name=m["name"], error=m["error"]))
             continue
-        r = Run(**dict(m["run"], hardware=preset))
+        r = Run(**{"optimizer": GPU_CHECK_OPTIMIZER, **m["run"], "hardware": preset})
         plan_fidelity.OVERRIDES.pop(preset, None)
         planned = plan_programs(r, need_micro=False)["last"]
         plan_fidelity.OVERRIDES[preset] = own
@@ -235,7 +241,7 @@ def table(measured: dict, rows: list) -> str:
     lines = [
         f"Measured on one {measured.get('gpu', measured['device'])} (torch {measured['torch']}), "
         f"planned on `{_preset(measured.get('gpu', ''))}` (one device, the preset as published, "
-        "its constants the A100's, not fitted to these steps). Ceilings measured there: bf16 8192^3 matmul "
+        "its constants transferred as the preset lists them, not fitted to these steps). Ceilings measured there: bf16 8192^3 matmul "
         f"{c['matmul_flops_bf16'] / 1e12:.0f} TFLOP/s, device copy "
         f"{c['copy_bandwidth'] / 1e12:.2f} TB/s, host time per small eager op "
         f"{c['host_seconds_per_small_op'] * 1e6:.1f} us. 'With its ceilings': the preset with "

@@ -108,7 +108,10 @@ class Run:
     # the loss, whose values hold its peak.
     compiled: bool = False
     measured_peak_gb: float = 0.0  # the run's published peak memory per device, where given
-    fused_optimizer: bool = False  # AdamW as one in-place kernel (torchtitan's "fused" default)
+    # AdamW's kernels: "fused" (one in-place multi-tensor kernel: torchtitan's default, apex's
+    # FusedAdam under Megatron-LM) or "foreach" (torch's default: whole-list temporaries);
+    # "" the framework's own (Megatron-LM style: fused; the others: foreach).
+    optimizer: str = ""
     results: dict = field(default_factory=dict)
 
     @property
@@ -127,6 +130,10 @@ def _int(s, default=0):
 
 # vTrain's multi-node cluster: 8 A100s per node, 800 Gbit/s per node between nodes.
 VTRAIN_MULTI_NODE = dict(cross_host_bandwidth=800e9 / 8 / 8)
+# Megatron-LM without --overlap-grad-reduce (its default, and vTrain's runs: vTrain's own
+# simulator places the data-parallel all-reduce after the last backward layer): gradients are
+# reduced once the backward is done.
+MEGATRON_DEFAULT_DDP = dict(overlap_grad_reduce=False)
 
 
 def vtrain_runs(path, group="vtrain-a100", hardware_fields=None) -> List[Run]:
@@ -145,7 +152,8 @@ def vtrain_runs(path, group="vtrain-a100", hardware_fields=None) -> List[Run]:
             heads=heads, kv_heads=heads, head_dim=hidden // heads, ffn=4 * hidden, vocab=50257,
             seq=seq, micro_batch=mbs, global_batch=gbs, tp=tp, dp=dp, fsdp=1, remat="full",
             fused_attention=False, dtype="fp16", measured_s=float(ms) / 1e3,
-            sweep=f"h{hidden} L{layers}", hardware_fields=dict(hardware_fields or {})))
+            sweep=f"h{hidden} L{layers}",
+            hardware_fields=dict(MEGATRON_DEFAULT_DDP, **(hardware_fields or {}))))
     return runs
 
 
@@ -195,7 +203,8 @@ def published_runs(path) -> List[Run]:
                     tp=_int(row["tp"]), dp=_int(row["dp"], 1), fsdp=1,
                     remat="attention" if selective else "full", fused_attention=False,
                     dtype="fp16", measured_s=float(row["derived_step_s"]),
-                    residual="sequence" if "sequence parallel" in row["remat"] else ""))
+                    residual="sequence" if "sequence parallel" in row["remat"] else "",
+                    hardware_fields=dict(MEGATRON_DEFAULT_DDP)))
     return runs
 
 
@@ -283,7 +292,7 @@ def torchtitan_run(row) -> Run:
                micro_batch=_int(row["gbs"]), global_batch=_int(row["gbs"]), tp=1, dp=1,
                fsdp=_int(row["fsdp"]), remat="selective", fused_attention=True, dtype="bf16",
                measured_s=float(row["derived_step_s"]), compiled=compiled,
-               measured_peak_gb=peak_gib * (1 << 30) / 1e9, fused_optimizer=True)
+               measured_peak_gb=peak_gib * (1 << 30) / 1e9, optimizer="fused")
 
 
 def load_runs(data_dir: str) -> List[Run]:
@@ -480,12 +489,12 @@ class MegatronOptimizer:
     AdamW) and copies them back into the parameters, each copy one multi-tensor kernel
     (Megatron's multi_tensor_applier; here _foreach_copy_)."""
 
-    def __init__(self, params):
+    def __init__(self, params, fused=True):
         import torch
         self.params = list(params)
         self.main = [p.detach().float() for p in self.params]
         self.main_grads = [torch.zeros_like(m) for m in self.main]
-        self.opt = torch.optim.AdamW(self.main, lr=1e-4, fused=True)
+        self.opt = torch.optim.AdamW(self.main, lr=1e-4, **{"fused" if fused else "foreach": True})
 
     def step(self):
         import torch
@@ -523,10 +532,12 @@ def make_optimizer(r: Run, params):
     fused kernel, MaxText's optax update, which XLA runs as fused elementwise ops)."""
     import torch
     params = list(params)
+    kernel = r.optimizer or ("fused" if r.style == "gpt" else "foreach")
+    if kernel not in ("fused", "foreach"):
+        raise ValueError(f"run {r.name}: optimizer must be 'fused' or 'foreach', got {kernel!r}")
     if r.style == "gpt":
-        return MegatronOptimizer(params)
-    return torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if r.fused_optimizer else
-                                                 {"foreach": True}))
+        return MegatronOptimizer(params, fused=kernel == "fused")
+    return torch.optim.AdamW(params, lr=1e-4, **{kernel: True})
 
 
 def micro_step(r: Run, model, idx):

@@ -54,6 +54,13 @@ partition::Hardware HardwareFromDict(const py::dict& d) {
     throw py::value_error("hardware '" + hw.name +
                           "': host_bandwidth must be positive and host_devices >= 1");
   hw.all_gather_prefetch = static_cast<int64_t>(num("all_gather_prefetch"));
+  if (d.contains("overlap_grad_reduce")) {
+    const py::handle v = d["overlap_grad_reduce"];
+    if (!py::isinstance<py::bool_>(v))
+      throw py::value_error("hardware '" + hw.name + "': overlap_grad_reduce must be True or "
+                            "False, got " + py::repr(v).cast<std::string>());
+    hw.overlap_grad_reduce = v.cast<bool>();
+  }
   if (hw.peak_flops_bf16 <= 0 || hw.peak_flops_fp32 <= 0 || hw.hbm_bandwidth <= 0 ||
       hw.ring_bandwidth <= 0 || hw.cross_domain_bandwidth <= 0)
     throw py::value_error("hardware '" + hw.name +

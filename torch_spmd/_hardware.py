@@ -31,6 +31,12 @@ Every number is per device (a TPU chip or a GPU). Fields:
 - ``all_gather_prefetch``: how many all-gathers may be issued ahead of the compute that reads
   them (FSDP's ``limit_all_gathers`` keeps 2 in flight); 0: no limit. A scheduling setting, not
   hardware; every preset leaves it at 0.
+- ``overlap_grad_reduce``: whether gradient reductions (a gradient made by the backward and
+  reduced for the optimizer: data parallelism's all-reduce, FSDP's reduce-scatter) run during
+  the backward as each gradient is made (True, every preset: PyTorch DDP's buckets, FSDP, XLA)
+  or only once the backward is done (False: Megatron-LM's data parallelism and distributed
+  optimizer without ``--overlap-grad-reduce``, its default). A property of the training
+  framework, like ``all_gather_prefetch``.
 
 - the host: ``host_devices`` devices share a host of ``host_memory_bytes`` memory, which values
   offloaded from their memory take (``torch_spmd.memory``; a plan that offloads more than a
@@ -302,11 +308,15 @@ def _with_defaults(hw: dict) -> dict:
     hw.setdefault("torus_dims", 0)
     hw.setdefault("link_latency", 0.0)
     hw.setdefault("all_gather_prefetch", 0)
+    hw.setdefault("overlap_grad_reduce", True)
     hw.setdefault("host_devices", 1)
     hw.setdefault("host_memory_bytes", 0)
     hw.setdefault("host_bandwidth", 32 * GB)
     hw.setdefault("collective_matmul_bytes", None)
     hw.setdefault("fused_memory", False)
+    for k in ("overlap_grad_reduce", "fused_memory"):
+        if not isinstance(hw[k], bool):
+            raise ValueError(f"hardware {k} must be True or False, got {hw[k]!r}")
     cm = hw["collective_matmul_bytes"]
     if cm is not None and (isinstance(cm, bool) or not isinstance(cm, int) or cm < 0):
         raise ValueError(f"hardware collective_matmul_bytes must be None (off) or an int >= 0, "

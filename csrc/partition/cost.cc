@@ -215,6 +215,22 @@ void LinkCommunication(const std::vector<ir::NodePtr>& nodes,
     const int64_t reader = first_reader.at(c.node);
     c.first_use_position = reader < 0 ? end : reader;
   }
+  // The op whose lowering holds program position p (ops are in program order); none before the
+  // first op's or at the end.
+  auto op_at = [&](int64_t p) -> const OpCost* {
+    auto it = std::upper_bound(ops.begin(), ops.end(), p,
+                               [](int64_t q, const OpCost& op) { return q < op.position; });
+    if (it == ops.begin()) return nullptr;
+    const OpCost& op = *std::prev(it);
+    return p < op.end_position ? &op : nullptr;
+  };
+  int64_t backward_end = 0;  // one past the backward's last node
+  for (const OpCost& op : ops)
+    if (op.in_backward) backward_end = std::max(backward_end, op.end_position);
+  for (CollectiveStat& c : collectives) {
+    const OpCost* maker = op_at(c.input_position);
+    c.after_backward = maker && maker->in_backward && c.first_use_position >= backward_end;
+  }
   for (OpCost& op : ops) {
     op.independent_of_collectives = true;
     for (int64_t i = op.position; i < op.end_position; ++i)

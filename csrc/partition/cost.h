@@ -68,8 +68,8 @@ void SetRuleCost(OpCost& c, const ShardingRule& rule, const Mesh& mesh, const Fa
                  const std::vector<TensorType>& local);
 
 // Where communication meets compute in `nodes`, the program `collectives` and `ops` were
-// recorded for (program.h): each collective's input_position and first_use_position, and
-// whether each op is independent_of_collectives.
+// recorded for (program.h): each collective's input_position, first_use_position and
+// after_backward, and whether each op is independent_of_collectives.
 void LinkCommunication(const std::vector<ir::NodePtr>& nodes,
                        std::vector<CollectiveStat>& collectives, std::vector<OpCost>& ops);
 

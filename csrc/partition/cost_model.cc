@@ -84,8 +84,13 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
       e.communication_seconds += t.seconds;
   }
   e.communication_seconds += std::max(one_way[0], one_way[1]);
-  StepSchedule s = ScheduleStep(stats, op_seconds, collective_seconds, hw.all_gather_prefetch,
-                                launches, hw.kernel_overhead, directions_apart, channels);
+  ScheduleOptions options{.all_gather_prefetch = hw.all_gather_prefetch,
+                          .launches = launches,
+                          .kernel_overhead = hw.kernel_overhead,
+                          .directions_apart = directions_apart,
+                          .channels = channels,
+                          .gradients_after_backward = !hw.overlap_grad_reduce};
+  StepSchedule s = ScheduleStep(stats, op_seconds, collective_seconds, options);
   for (size_t j = 0; j < e.collective_seconds.size(); ++j) {
     e.collective_seconds[j].start = s.collective_start[j];
     e.collective_seconds[j].exposed_seconds = s.collective_exposed[j];
@@ -100,9 +105,9 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
     // the step is at least the smooth maximum of the host's total and the device's own
     // critical path (its schedule with the host infinitely fast). The difference is the device
     // waiting for the host, outside the per-op timeline.
-    const double device = ScheduleStep(stats, op_seconds, collective_seconds,
-                                       hw.all_gather_prefetch, {}, 0, directions_apart,
-                                       channels).seconds;
+    options.launches.clear();
+    options.kernel_overhead = 0;
+    const double device = ScheduleStep(stats, op_seconds, collective_seconds, options).seconds;
     const double balanced = HostDeviceSeconds(host, device);
     if (balanced > e.step_seconds) {
       e.host_bound_seconds += balanced - e.step_seconds;

@@ -53,6 +53,11 @@ struct Hardware {
   // At most this many all-gathers may be issued ahead of the compute that reads them (FSDP's
   // limit_all_gathers, XLA's overlap limits); 0: no limit (partition/step_schedule.h).
   int64_t all_gather_prefetch = 0;
+  // Whether gradient reductions run during the backward, as each gradient is made (PyTorch
+  // DDP's buckets, FSDP, XLA), or only once the backward is done (false: Megatron-LM's
+  // data-parallel reduction and distributed optimizer without --overlap-grad-reduce):
+  // CollectiveStat::after_backward, partition/step_schedule.h.
+  bool overlap_grad_reduce = true;
 
   double PeakFlops(DType dtype) const {
     return dtype == DType::kBFloat16 || dtype == DType::kFloat16 ? peak_flops_bf16 : peak_flops_fp32;

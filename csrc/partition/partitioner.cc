@@ -535,6 +535,7 @@ class Partitioner {
     else c.flops = ElementFlops(local);
     c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
     c.recomputed = !c.view && recomputed_.count(&n) > 0;  // a view computes nothing
+    c.in_backward = n.in_backward();
     if (rule && IsPointwise(*rule) && rule->view == ViewKind::kNone) FuseWithProducers(n, operands, c);
     costs_.push_back(std::move(c));
   }

@@ -43,6 +43,9 @@ struct CollectiveStat {
   // collective is read before the program's first op (no overlap).
   int64_t input_position = -1;
   int64_t first_use_position = -1;
+  // A gradient's reduction: its input made by the backward and first read after the backward's
+  // last op (by the optimizer, or as the step's result). Set by LinkCommunication.
+  bool after_backward = false;
 };
 
 // One op of the global graph as the program runs it on each device.
@@ -62,6 +65,7 @@ struct OpCost {
   int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0, gemm_batch = 1;
   bool view = false;            // its rule's ShardingRule::view: no time of its own
   bool recomputed = false;      // it computes again a value the step computed (ir/recompute.h)
+  bool in_backward = false;     // recorded by a backward pass (ir::Node::in_backward)
   std::string scope;            // module path (ir/scope.h)
   int64_t position = 0;         // index in Program::nodes of its first local node
   int64_t end_position = 0;     // one past its last local node

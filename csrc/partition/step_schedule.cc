@@ -12,9 +12,12 @@ namespace spmd::partition {
 
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
-                          int64_t all_gather_prefetch, const std::vector<bool>& launches,
-                          double kernel_overhead, bool directions_apart,
-                          const std::vector<int>& channels) {
+                          const ScheduleOptions& options) {
+  const int64_t all_gather_prefetch = options.all_gather_prefetch;
+  const std::vector<bool>& launches = options.launches;
+  const std::vector<int>& channels = options.channels;
+  const double kernel_overhead = options.kernel_overhead;
+  const bool directions_apart = options.directions_apart;
   const std::vector<OpCost>& ops = stats.op_costs;
   const size_t num_ops = ops.size(), num_collectives = stats.collectives.size();
   // The compute stream's order: communication-free ops first, then the rest; `slot[k]` is op
@@ -44,6 +47,11 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   // waits for it (the first waiting op at or after its first reader; num_ops: the end).
   std::vector<size_t> needs(num_collectives), waited_at(num_collectives);
   std::vector<size_t> gathers;  // all-gathers in issue order
+  // How many ops of the stream end the backward: the early ones and the waiting ones up to
+  // its last op.
+  size_t backward_done = 0;
+  for (size_t k = 0; k < num_ops; ++k)
+    if (ops[k].in_backward) backward_done = std::max(backward_done, slot[k] + 1);
   size_t last_reload = num_collectives;  // the latest copy back from host memory so far
   for (size_t j = 0; j < num_collectives; ++j) {
     const CollectiveStat& c = stats.collectives[j];
@@ -51,6 +59,8 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
         std::upper_bound(position.begin(), position.end(), c.input_position) - position.begin());
     needs[j] = producers > 0 ? slot[producers - 1] + 1 : 0;
     waited_at[j] = reached(c.first_use_position);
+    if (options.gradients_after_backward && c.after_backward)
+      needs[j] = std::max(needs[j], backward_done);
     if (c.kind == "host-to-device") {  // one copy ahead of the compute that reads it
       if (last_reload < num_collectives)
         needs[j] = std::max(needs[j],

@@ -27,6 +27,10 @@
 // With `all_gather_prefetch` = L > 0, an all-gather may not be issued before the compute stream
 // reaches the first reader of the all-gather L before it (at most L gathered buffers waiting
 // for their readers), nor held back past its own place in the program.
+//
+// With `gradients_after_backward`, a gradient's reduction (CollectiveStat::after_backward) may
+// not start before the backward's last op is done: the runtime reduces once the backward is
+// over (Megatron-LM without --overlap-grad-reduce), so none of it hides behind the backward.
 #pragma once
 #include <vector>
 
@@ -45,13 +49,20 @@ struct StepSchedule {
   double host_bound_seconds = 0;  // the compute stream idle, waiting for the host to issue
 };
 
+struct ScheduleOptions {
+  int64_t all_gather_prefetch = 0;  // Hardware::all_gather_prefetch
+  // `launches[k]`: op k is a kernel the host issues, `kernel_overhead` seconds each, in the
+  // compute stream's order: the device runs ahead only as far as the host has issued.
+  std::vector<bool> launches;
+  double kernel_overhead = 0;
+  bool directions_apart = false;  // a torus: the two directions of its links apart
+  std::vector<int> channels;      // per collective; empty: CollectiveStat::channel
+  bool gradients_after_backward = false;  // !Hardware::overlap_grad_reduce
+};
+
 // `op_seconds` and `collective_seconds` run parallel to stats.op_costs and stats.collectives.
-// `launches[k]`: op k is a kernel the host issues, `kernel_overhead` seconds each, in the
-// compute stream's order: the device runs ahead only as far as the host has issued.
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
-                          int64_t all_gather_prefetch, const std::vector<bool>& launches = {},
-                          double kernel_overhead = 0, bool directions_apart = false,
-                          const std::vector<int>& channels = {});
+                          const ScheduleOptions& options = {});
 
 }  // namespace spmd::partition

@@ -66,9 +66,12 @@ TEST(OffloadTest, AMarkedActivationGoesToTheHostAndBackOnce) {
   EXPECT_EQ(back, first_backward - 1);
   EXPECT_EQ(placed.nodes[first_backward]->input(0).node.get(), placed.nodes[back].get());
   // The forward reader reads the activation itself.
-  for (const ir::NodePtr& n : placed.nodes)
-    if (!n->in_backward() && n->op()->qualified == "aten::tanh" && n.get() != placed.nodes[maker].get())
+  for (const ir::NodePtr& n : placed.nodes) {
+    if (!n->in_backward() && n->op()->qualified == "aten::tanh" &&
+        n.get() != placed.nodes[maker].get()) {
       EXPECT_EQ(n->input(0).node.get(), placed.nodes[maker].get());
+    }
+  }
 }
 
 TEST(OffloadTest, MarksToSaveAndMarksWithoutBackwardReadersVanish) {

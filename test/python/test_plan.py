@@ -409,6 +409,54 @@ def test_collectives_by_topology():
     assert s2["seconds"] > 4 * s1["seconds"]
 
 
+GRADIENT_REDUCTION = """
+    def dp_step(overlap):
+        # Data parallel over 8 A100s, four layers: each weight's gradient is all-reduced.
+        hw = dict(plan.resolve("a100-80gb"), overlap_grad_reduce=overlap)
+        with plan.Plan(num_devices=8, hardware=hw) as p:
+            mesh = xs.Mesh(np.arange(8), (8,), ("data",))
+            ws = [torch.empty(4096, 4096, device="spmd", requires_grad=True) for _ in range(4)]
+            h = torch.empty(8 * 2048, 4096, device="spmd")
+            xs.mark_sharding(h, mesh, ("data", None))
+            for w in ws:
+                h = torch.relu(h @ w)
+            h.sum().backward()
+            xm.mark_step()
+            r = p.report()
+        grads = [c for c in r.collectives
+                 if c["kind"] == "all-reduce" and c["bytes"] >= 4096 * 4096 * 4]
+        return dict(step=r.predicted_step_seconds, compute=r.compute_seconds,
+                    count=sum(c["count"] for c in grads),
+                    seconds=sum(c["seconds"] for c in grads),
+                    exposed=sum(c["exposed_seconds"] for c in grads))
+
+    out = dict(during=dp_step(True), after=dp_step(False))
+    try:
+        plan.resolve(dict(plan.resolve("a100-80gb"), overlap_grad_reduce="no"))
+        out["error"] = None
+    except ValueError as e:
+        out["error"] = str(e)
+    print(json.dumps(out))
+"""
+
+
+def test_gradient_reduction_during_or_after_the_backward():
+    out = run_script(GRADIENT_REDUCTION)
+    during, after = out["during"], out["after"]
+    assert during["count"] == after["count"] == 4
+    assert during["compute"] == pytest.approx(after["compute"])
+    assert during["seconds"] == pytest.approx(after["seconds"])
+    # During the backward (DDP's buckets, FSDP, XLA): the later layers' gradients are reduced
+    # while the earlier layers' backward runs; only the last ones made stay exposed.
+    assert during["exposed"] < 0.5 * during["seconds"]
+    # After it (Megatron-LM without --overlap-grad-reduce): every reduction is exposed, and the
+    # step is longer by exactly what that exposes.
+    assert after["exposed"] == pytest.approx(after["seconds"], rel=1e-6)
+    assert after["step"] - during["step"] == pytest.approx(after["exposed"] - during["exposed"],
+                                                           rel=1e-6)
+    assert "overlap_grad_reduce" in out["error"] and "'no'" in out["error"]
+
+
 def test_tiny_all_reduce_on_8192_chips_costs_microseconds():
     out = run_script("""
         with plan.Plan(num_devices=8192, hardware="tpu-v5p") as p:
