@@ -149,8 +149,15 @@ def test_bad_configurations_raise_clear_errors():
         pipe(torch.randn(8, SEQ, D))
 
 
-@pytest.mark.parametrize("microbatches", [4, 8])
-def test_plan_reports_the_bubble_the_permutes_and_the_per_stage_peak(microbatches):
+def _tensor_parallel(name, shape):  # Megatron's column / row split over 'data'
+    if name.endswith(("qkv.weight", "fc.weight")):
+        return ("data", None)
+    return (None, "data") if name.endswith(("proj.weight", "out.weight")) else (None,) * len(shape)
+
+
+@pytest.mark.parametrize("microbatches,param_spec", [(4, None), (8, None),
+                                                     (4, _tensor_parallel)])
+def test_plan_reports_the_bubble_the_permutes_and_the_per_stage_peak(microbatches, param_spec):
     # Planned (no data) at a size where the blocks' compute, not latency, sets the time.
     import torch_spmd.core.xla_model as xm
     import torch_spmd.plan as plan
@@ -161,7 +168,8 @@ def test_plan_reports_the_bubble_the_permutes_and_the_per_stage_peak(microbatche
         with torch.device("spmd"):
             blocks = [Block(d) for _ in range(8)]
         model = GPT(Pipeline(blocks, mesh, "stage", num_microbatches=microbatches,
-                             activation_spec=("data", None, None)), d).to("spmd")
+                             activation_spec=("data", None, None), param_spec=param_spec),
+                    d).to("spmd")
         opt = torch.optim.Adam(model.parameters())
         xm.mark_step()
         ids = torch.zeros(batch, seq, dtype=torch.long, device="spmd")
@@ -180,7 +188,12 @@ def test_plan_reports_the_bubble_the_permutes_and_the_per_stage_peak(microbatche
     assert q["bubble_fraction_formula"] == pytest.approx(3 / iterations)
     assert 0 < q["bubble_seconds"] < q["loop_seconds"] <= r.predicted_step_seconds
     # One permute of a slot (batch / M rows over 'data' halves, seq x d floats) per iteration
-    # and direction.
+    # and direction; a tensor-parallel block's own permutes (collective matmul windows its
+    # gathers on the TPU) are the blocks' work, not the shift's.
+    if param_spec:
+        block_permutes = [c for c in r.collectives if c["kind"] == "collective-permute"
+                          and c["bytes"] != (batch // microbatches // 2) * seq * d * 4]
+        assert block_permutes, r.collectives
     assert q["permutes"] == 2 * iterations
     assert q["permute_bytes"] == 2 * iterations * (batch // microbatches // 2) * seq * d * 4
     assert q["peak_bytes_per_stage"] == r.peak_bytes_per_device[0]

@@ -239,14 +239,15 @@ def _pipelines(stats: dict, est: dict) -> List[dict]:
             t, in_blocks = _iteration_of(c.get("scope", ""), base, sched.iterations)
             if t < 0:
                 continue
-            # An iteration's work: its ops, the blocks' own collectives (tensor parallelism)
-            # and the shift. Not a sum over iterations reduced once (the weight gradients'),
-            # which the last iteration's scope only carries.
-            if c["kind"] == "collective-permute":
+            # An iteration's work: its ops, the blocks' own collectives (tensor parallelism,
+            # collective matmul's permutes among them) and the shift between stages. Not a sum
+            # over iterations reduced once (the weight gradients'), which the last iteration's
+            # scope only carries.
+            if not in_blocks:
+                if c["kind"] != "collective-permute":
+                    continue
                 permutes += 1
                 permute_bytes += c["bytes"]
-            elif not in_blocks:
-                continue
             seconds[t] += timing["exposed_seconds"]
         loop = sum(seconds)
         if loop <= 0:
