@@ -251,21 +251,18 @@ NOTES = """How to read this table (configurations in `benchmarks/plan.py`):
   plan's planning time is the whole script (model build, initialisation step, training step).
 - MFU: the blog gives the model size, chip count and strategy, not the batch or precision. We
   plan bf16 with AdamW at 4 sequences of 1024 tokens per chip, the largest batch whose plan fits
-  32 GiB without activation checkpointing. The cost model now overlaps the FSDP all-gathers with
-  compute (critical path of two streams), fuses pointwise chains, prices views as free and
-  uses tpu-v4's fitted matmul efficiency (0.77, on MaxText's runs, which XLA compiles without
-  PyTorch/XLA's tracing): it predicts 54.5%, 15 points above the blog; the earlier 40.0% (no
-  overlap, no fusion, views copied) matched by luck of those choices. The blog's batch and
-  sequence are unknown, so this row calibrates nothing.
+  32 GiB without activation checkpointing. The cost model overlaps the FSDP all-gathers with
+  compute (critical path of the streams), fuses pointwise chains, prices views as free and
+  uses tpu-v4's fitted matmul efficiency (0.76, on MaxText's runs, which XLA compiles without
+  PyTorch/XLA's tracing): it predicts 58.9%, 19 points above the blog; what PyTorch/XLA's
+  tracing and its own kernels cost beyond MaxText's compiled step is not in it. The blog's
+  batch and sequence are unknown, so this row calibrates nothing.
 - 2B peak: the blog gives neither optimizer nor batch. Our configuration (HF layout, fp32, plain
-  SGD, batch 2 per chip) planned 25.9 GB when the program ran in the DFS post-order from its
-  outputs; it runs in recorded (eager) order since issue 22's scheduling fix (which bounds
-  checkpointed programs: a MaxText 22B FSDP step 541 -> 29 GB), and this non-checkpointed step
-  then peaks at 34.4 GB (views now hold no memory). The graph now runs in whichever of the two
-  orders holds fewer bytes at once, but it compares them before partitioning, with global
-  sizes, where the batch-split activations outweigh the replicated weights: here it keeps the
-  recorded order, which is worse per chip. Comparing after partitioning is the open follow-up.
-  Sharding the weights over the 8 chips lowers the peak, as in the blog.
+  SGD, batch 2 per chip) runs in recorded (eager) order; on the TPU preset its memory is XLA's
+  (fused memory: a single-use elementwise value lives inside its reader's fusion), which holds
+  27.9 GB (34.4 GB with every value held, as eager PyTorch would). The graph runs in whichever
+  of the recorded and post-order holds fewer bytes at once, compared before partitioning, with
+  global sizes. Sharding the weights over the 8 chips lowers the peak, as in the blog.
 - ResNet-50: 512 images per chip with data parallelism is a global batch of 4096 in fp32 and does
   not fit a v4 chip's 32 GiB; with the spatial dims split 2 x 4 each chip holds an eighth of every
   one of 512 images and fits, the blog's verdict for both.
@@ -275,6 +272,10 @@ NOTES = """How to read this table (configurations in `benchmarks/plan.py`):
   per iteration), the batch in 4 micro-batches of 64 sequences split over 'fsdp' (64): 7
   iterations, 3 of which are partly bubble. The bubble is measured on the plan (each
   iteration's planned time, forward and backward, times its idle stages' share), not assumed.
+  With 64 chips per stage on 'fsdp', collective matmul windows each stage's weight gathers
+  into rings of permutes (125,522 collectives in the step against 2,649 for the 2-D layout),
+  which is what lengthens that plan (2.0 s before collective matmul); the shift between
+  stages is its 14 permutes.
 """
 
 STUDIES = {

@@ -65,7 +65,8 @@ published here:
   recomputation; grid search over 0.55-0.95 and 25-55 us, on an even third of the rows, then
   on all of them; refitted (0.62 -> 0.66) when the step became the smooth maximum of host and
   device near balance, partition/cost_model.h, and 0.66 -> 0.63 when host-link transfers stopped
-  delaying the links' collectives in the step schedule; 48 us held both times). 0.63 is the
+  delaying the links' collectives in the step schedule; 48 us held both times; both held again
+  when Megatron's runs were planned reducing gradients after the backward, as it does). 0.63 is the
   achieved fraction of the peak over Megatron-LM's GEMMs after padding and wave quantization; 48 us is the host's time per kernel
   of an eager PyTorch training step with Python-level modules and full recomputation (vTrain's
   small models are host-bound at micro-batch 1: about 44 ms per 12-layer micro-step, whatever
@@ -96,8 +97,8 @@ constants of its family's calibrated chip, not the peak: no chip runs a training
 of its peak, and the fraction a software stack achieves moves much less between generations
 than the peak does. ``h200`` takes ``h100-80gb``'s (the same Hopper SMs at 700 W; not
 ``h100-96gb``'s, whose 500 W cap the 700 W parts do not have): against one real H200
-(``benchmarks/gpu_check.py``, not fitted on) the A100's 0.66 it took before predicted its steps
-8-37% too fast. A measured ceiling for comparison: one H200's bf16 8192^3 matmul runs at 0.79 of its peak
+(``benchmarks/gpu_check.py``, not fitted on) these predict its steps -30% to +4%, where the
+A100's 0.66 it took before predicted them 8-37% too fast. A measured ceiling for comparison: one H200's bf16 8192^3 matmul runs at 0.79 of its peak
 (``benchmarks/gpu_check.py``); a training step's matmuls average less. Give your own numbers
 in a dict when you have measured your pod: ``plan.resolve(dict(plan.resolve("v5p"),
 matmul_efficiency=...))``.
