@@ -8,7 +8,7 @@
 #include "aten/layout_search.h"
 #include "aten/sync.h"
 #include "partition/cost.h"
-#include "partition/cost_model.h"
+#include "plan/cost_model.h"
 #include "runtime/executable.h"
 #include "runtime/plan_mode.h"
 
@@ -21,8 +21,8 @@ namespace {
 // The numbers of `d` (torch_spmd/_hardware.py's fields). A TPU preset names its domain a
 // slice (devices_per_slice, dcn_bandwidth), a GPU one a host (devices_per_host,
 // cross_host_bandwidth): the same two fields of Hardware.
-partition::Hardware HardwareFromDict(const py::dict& d) {
-  partition::Hardware hw;
+plan::Hardware HardwareFromDict(const py::dict& d) {
+  plan::Hardware hw;
   hw.name = d.contains("name") ? d["name"].cast<std::string>() : "custom";
   auto num = [&](const char* key, double fallback = 0) {
     return d.contains(key) ? d[key].cast<double>() : fallback;
@@ -86,7 +86,7 @@ void BindPlan(py::module_& m) {
   // xr.use_spmd(auto=True): the unannotated parameters of every step get layouts the cost
   // model chooses on `hardware` (aten/auto_sharding.h).
   m.def("_set_auto_sharding", [](bool on, const py::dict& hardware) {
-    aten::SetAutoSharding(on, on ? HardwareFromDict(hardware) : partition::Hardware{});
+    aten::SetAutoSharding(on, on ? HardwareFromDict(hardware) : plan::Hardware{});
   });
   m.def("_auto_sharding", &aten::AutoSharding);
   m.def("_get_graph_hash", [](const std::vector<at::Tensor>& tensors) {
@@ -94,23 +94,23 @@ void BindPlan(py::module_& m) {
   });
   m.def("_pending_dim_classes", &aten::PendingDimClasses);
   // The layout ILP's coefficients of the pending step on a mesh of `mesh_shape`
-  // (partition/layout_costs.h): options[decision] lists (dim, axis indices) pairs.
+  // (plan/layout_costs.h): options[decision] lists (dim, axis indices) pairs.
   m.def("_pending_layout_costs",
         [](const std::vector<int64_t>& mesh_shape, const std::vector<int>& decision_of_class,
            const std::vector<std::vector<std::pair<int, std::vector<int>>>>& options,
            const std::unordered_map<int64_t, int>& storage_of_data, const py::dict& hardware,
            int memory_points) {
-          partition::LayoutProblem p;
+          plan::LayoutProblem p;
           p.decision_of_class = decision_of_class;
           p.memory_points = memory_points;
           for (const auto& decision : options) {
             auto& opts = p.options.emplace_back();
             for (const auto& [dim, axes] : decision) opts.push_back({dim, axes});
           }
-          const partition::LayoutCosts c = aten::PendingLayoutCosts(
+          const plan::LayoutCosts c = aten::PendingLayoutCosts(
               mesh_shape, std::move(p), storage_of_data, HardwareFromDict(hardware));
           py::list tuples;
-          for (const partition::DecisionTuple& t : c.tuples)
+          for (const plan::DecisionTuple& t : c.tuples)
             tuples.append(py::make_tuple(t.decisions, t.combos, t.seconds, t.bytes));
           py::dict d;
           d["tuples"] = tuples;
@@ -168,13 +168,13 @@ void BindPlan(py::module_& m) {
   // of them) without the rest of the report: the auto-sharding search's evaluations.
   m.def("_last_step_summary", [](const py::dict& hardware) {
     partition::ProgramStats stats = aten::LastStepStats();
-    return py::make_tuple(partition::EstimateStep(stats, HardwareFromDict(hardware)).step_seconds,
+    return py::make_tuple(plan::EstimateStep(stats, HardwareFromDict(hardware)).step_seconds,
                           stats.device_peak_bytes);
   });
   m.def("_estimate_last_step", [](const py::dict& hardware) {
-    partition::Hardware hw = HardwareFromDict(hardware);
+    plan::Hardware hw = HardwareFromDict(hardware);
     partition::ProgramStats stats = aten::LastStepStats();
-    partition::StepEstimate e = partition::EstimateStep(stats, hw);
+    plan::StepEstimate e = plan::EstimateStep(stats, hw);
     py::dict d;
     d["compute_seconds"] = e.compute_seconds;
     d["compute_bound_seconds"] = e.compute_bound_seconds;
@@ -187,11 +187,11 @@ void BindPlan(py::module_& m) {
     d["no_overlap_step_seconds"] = e.no_overlap_step_seconds;
     d["overlapped_step_seconds"] = e.overlapped_step_seconds;
     py::list op_seconds;
-    for (const partition::OpTime& t : e.op_times) op_seconds.append(t.seconds());
+    for (const plan::OpTime& t : e.op_times) op_seconds.append(t.seconds());
     d["op_seconds"] = op_seconds;
     d["op_start"] = e.op_start;
     py::list coll;  // per collective of the program
-    for (const partition::CollectiveTime& c : e.collective_seconds) {
+    for (const plan::CollectiveTime& c : e.collective_seconds) {
       py::dict one;
       one["seconds"] = c.seconds;
       one["crosses_hosts"] = c.crosses_hosts;

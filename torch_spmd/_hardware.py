@@ -1,5 +1,5 @@
-"""Hardware presets for plan mode's cost model (``partition/hardware.h``,
-``partition/cost_model.h``), with sources.
+"""Hardware presets for plan mode's cost model (``plan/hardware.h``,
+``plan/cost_model.h``), with sources.
 
 Every number is per device (a TPU chip or a GPU). Fields:
 
@@ -64,7 +64,7 @@ published here:
   ``kernel_overhead`` 48 us, fitted on vTrain's 720 Megatron-LM runs (1-8 A100s, fp16, full
   recomputation; grid search over 0.55-0.95 and 25-55 us, on an even third of the rows, then
   on all of them; refitted (0.62 -> 0.66) when the step became the smooth maximum of host and
-  device near balance, partition/cost_model.h, and 0.66 -> 0.63 when host-link transfers stopped
+  device near balance, plan/cost_model.h, and 0.66 -> 0.63 when host-link transfers stopped
   delaying the links' collectives in the step schedule; 48 us held both times; both held again
   when Megatron's runs were planned reducing gradients after the backward, as it does). 0.63 is the
   achieved fraction of the peak over Megatron-LM's GEMMs after padding and wave quantization; 48 us is the host's time per kernel

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/metrics.h"
-#include "partition/auto_layout.h"
+#include "plan/auto_layout.h"
 #include "runtime/device_data.h"
 #include "runtime/device_set.h"
 
@@ -21,7 +21,7 @@ namespace {
 struct State {
   std::mutex mu;
   bool on = false;
-  partition::Hardware hardware;
+  plan::Hardware hardware;
   // graph key (with the mesh and options) -> per parameter position, its chosen layout
   // (invalid: kept as its data has it)
   std::unordered_map<Hash, std::vector<Sharding>> chosen;
@@ -66,7 +66,7 @@ Hash ShapeKey(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void SetAutoSharding(bool on, const partition::Hardware& hardware) {
+void SetAutoSharding(bool on, const plan::Hardware& hardware) {
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
   s.on = on;
@@ -110,14 +110,14 @@ std::optional<AutoLayouts> AutoLayoutsFor(const ir::Graph& graph, int64_t num_de
     Count("CompileWithAutoSharding");
     std::vector<int64_t> ids(num_devices);
     std::iota(ids.begin(), ids.end(), 0);
-    partition::AutoLayoutRequest request;
+    plan::AutoLayoutRequest request;
     request.mesh = std::make_shared<const Mesh>(ids, shape);
     request.hardware = s.hardware;
     request.memory_budget =
         planning ? static_cast<int64_t>(s.hardware.hbm_bytes) : runtime::DeviceSet::Get().bytes_limit();
     request.decide = decide;
     request.defer_output_reductions = defer_output_reductions;
-    partition::AutoLayout got = partition::ChooseParamLayouts(graph, request);
+    plan::AutoLayout got = plan::ChooseParamLayouts(graph, request);
     std::vector<Sharding> by_position(graph.params.size());
     for (size_t i = 0; i < graph.params.size(); ++i) {
       auto l = got.layouts.find(graph.params[i]->data().get());

@@ -1,5 +1,5 @@
 // PyTorch/XLA's use_spmd(auto=True) for this backend: the parameters of a step that the script
-// left unannotated get layouts chosen by the cost model (partition/auto_layout.h), once per
+// left unannotated get layouts chosen by the cost model (plan/auto_layout.h), once per
 // graph, before it is partitioned. The mesh is XLA_AUTO_SPMD_MESH's shape ("4,2") over every
 // device, or one axis over all of them (PyTorch/XLA's default, {n, 1}). A parameter whose data
 // is tiled (the script's mark_sharding, or a previous step's choice) keeps its layout; the
@@ -10,14 +10,14 @@
 
 #include "core/hash.h"
 #include "ir/graph.h"
-#include "partition/hardware.h"
 #include "partition/propagate.h"
+#include "plan/hardware.h"
 
 namespace spmd::aten {
 
 // `hardware` prices the candidates (its hbm_bytes is the budget when planning; an executed
 // step's budget is the device memory).
-void SetAutoSharding(bool on, const partition::Hardware& hardware);
+void SetAutoSharding(bool on, const plan::Hardware& hardware);
 bool AutoSharding();
 
 // What auto-sharding adds to a graph's key: 0 when off, else a hash of XLA_AUTO_SPMD_MESH's

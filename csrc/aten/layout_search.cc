@@ -6,7 +6,7 @@
 
 #include "aten/lazy_tensor.h"
 #include "ir/graph.h"
-#include "partition/dim_classes.h"
+#include "plan/dim_classes.h"
 
 namespace spmd::aten {
 
@@ -37,15 +37,15 @@ std::unordered_map<int64_t, std::vector<int>> PendingDimClasses() {
   std::unordered_map<int64_t, std::vector<int>> out;
   std::optional<ir::Graph> graph = PendingGraph();
   if (!graph) return out;
-  partition::DimClasses classes = partition::ComputeDimClasses(*graph);
+  plan::DimClasses classes = plan::ComputeDimClasses(*graph);
   for (size_t i = 0; i < graph->params.size(); ++i) out[IdOf(graph->params[i])] = classes.param_dims[i];
   return out;
 }
 
-partition::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
-                                          partition::LayoutProblem problem,
+plan::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
+                                          plan::LayoutProblem problem,
                                           const std::unordered_map<int64_t, int>& storage_of_data,
-                                          const partition::Hardware& hw) {
+                                          const plan::Hardware& hw) {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   std::optional<ir::Graph> graph = PendingGraph();
   TORCH_CHECK(graph, "layout costs: nothing is pending; record the step first");
@@ -59,8 +59,8 @@ partition::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape
   std::vector<int64_t> ids(n);
   std::iota(ids.begin(), ids.end(), 0);
   try {
-    const partition::DimClasses classes = partition::ComputeDimClasses(*graph);
-    return partition::ComputeLayoutCosts(*graph, classes, partition::NodeRules(*graph),
+    const plan::DimClasses classes = plan::ComputeDimClasses(*graph);
+    return plan::ComputeLayoutCosts(*graph, classes, plan::NodeRules(*graph),
                                          Mesh(ids, mesh_shape), hw, problem);
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());

@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "partition/hardware.h"
-#include "partition/layout_costs.h"
+#include "plan/hardware.h"
+#include "plan/layout_costs.h"
 
 namespace spmd::aten {
 
@@ -17,16 +17,16 @@ namespace spmd::aten {
 // data lives: what the functions below key data by.
 int64_t DataId(const at::Tensor& t);
 
-// The dim classes (partition/dim_classes.h) of the graph of everything pending, for each
+// The dim classes (plan/dim_classes.h) of the graph of everything pending, for each
 // device data that graph reads, keyed by DataId.
 std::unordered_map<int64_t, std::vector<int>> PendingDimClasses();
 
-// The layout ILP's coefficients (partition/layout_costs.h) of the same graph on a mesh of
+// The layout ILP's coefficients (plan/layout_costs.h) of the same graph on a mesh of
 // `mesh_shape` (devices 0..n-1); the graph's parameters take their storage decision from
 // `storage_of_data` (by DataId).
-partition::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
-                                          partition::LayoutProblem problem,
+plan::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
+                                          plan::LayoutProblem problem,
                                           const std::unordered_map<int64_t, int>& storage_of_data,
-                                          const partition::Hardware& hw);
+                                          const plan::Hardware& hw);
 
 }  // namespace spmd::aten

@@ -10,13 +10,13 @@
 #include "aten/graph_template.h"
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
-#include "partition/caching_allocator.h"
 #include "partition/cost.h"
 #include "partition/partitioner.h"
 #include "partition/rules/rule.h"
-#include "runtime/process_span.h"
+#include "plan/caching_allocator.h"
 #include "runtime/compile_cache.h"
 #include "runtime/plan_mode.h"
+#include "runtime/process_span.h"
 
 namespace spmd::aten {
 
@@ -220,7 +220,7 @@ partition::ProgramStats StepStats(const LastStep& last) {
   stats.resident_bytes_per_device = last.resident;
   stats.device_peak_bytes = last.beside + stats.peak_bytes_per_device;
   stats.reserved_bytes_per_device =
-      partition::ReservedPeakPerDevice(program, last.beside, &last.donated);
+      plan::ReservedPeakPerDevice(program, last.beside, &last.donated);
   return stats;
 }
 

@@ -5,8 +5,8 @@
 // it is made (spmd::place_to_host) and moved back right before the first of them
 // (spmd::place_to_device): one copy each way per value, however many marks it has (autograd
 // saves a tensor once per op that reads it). In between it holds no device memory
-// (partition/cost.h) and its bytes cross the host link twice (partition/collective_model.h),
-// on streams of their own (partition/step_schedule.h). A mark without backward readers, a mark
+// (partition/cost.h) and its bytes cross the host link twice (plan/collective_model.h),
+// on streams of their own (plan/step_schedule.h). A mark without backward readers, a mark
 // with to_host 0 (a checkpoint name to save, not to offload) and a mark of the step's input
 // data (a parameter, which stays in device memory anyway) are identities and vanish.
 #pragma once

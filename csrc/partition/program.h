@@ -24,12 +24,12 @@ struct CollectiveStat {
   std::vector<int64_t> first_group;
   int64_t mesh_devices = 0;  // devices of the mesh it runs on (how large a TPU slice is used)
   // That mesh's axis sizes, major to minor: how its axes lie along a TPU slice's dimensions
-  // (partition/collective_model.h, TorusSidesFor).
+  // (plan/collective_model.h, TorusSidesFor).
   std::shared_ptr<const std::vector<int64_t>> mesh_shape;
   // The links it uses: 0 every link of its group; 1 and 2 one direction each (a
   // collective-permute around a ring, toward the previous or the next member). On a torus, whose
   // links carry each direction on their own, permutes of opposite directions run at once
-  // (partition/step_schedule.h). 3 and 4: the host link, to the host (kind device-to-host) and
+  // (plan/step_schedule.h). 3 and 4: the host link, to the host (kind device-to-host) and
   // back (host-to-device), beside everything else.
   int channel = 0;
   const ir::Node* node = nullptr;  // the collective in Program::nodes
@@ -39,7 +39,7 @@ struct CollectiveStat {
   // Program::nodes; -1 for a parameter, there before the step starts; Program::nodes.size()
   // for a result read only as a program output). The step-time model
   // starts a collective once its input exists and makes compute wait only at its first reader
-  // (partition/step_schedule.h). Set by LinkCommunication (partition/cost.h); left at -1, a
+  // (plan/step_schedule.h). Set by LinkCommunication (partition/cost.h); left at -1, a
   // collective is read before the program's first op (no overlap).
   int64_t input_position = -1;
   int64_t first_use_position = -1;
@@ -71,7 +71,7 @@ struct OpCost {
   int64_t end_position = 0;     // one past its last local node
   // Nothing it computes depends on a collective's result (a weight's transpose before its
   // all-gather, a data-parallel backward): a scheduler may run it before ops that wait for
-  // communication (partition/step_schedule.h). Set by LinkCommunication (partition/cost.h).
+  // communication (plan/step_schedule.h). Set by LinkCommunication (partition/cost.h).
   bool independent_of_collectives = false;
 };
 
@@ -96,7 +96,7 @@ struct ProgramStats {
   // plus the data of every other live tensor, which stays on the device meanwhile.
   int64_t device_peak_bytes = 0;
   // What an eager runtime's caching allocator reserves for that peak (its freed blocks kept
-  // for reuse: partition/caching_allocator.h): torch.cuda.max_memory_reserved's counterpart.
+  // for reuse: plan/caching_allocator.h): torch.cuda.max_memory_reserved's counterpart.
   int64_t reserved_bytes_per_device = 0;
   std::map<std::string, int64_t> replicated_fallback_ops;  // op name -> count
   // Outputs that leave the program as pending partial results (kind "all-reduce", the axes

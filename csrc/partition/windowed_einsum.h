@@ -3,7 +3,7 @@
 // partial result must then be reduce-scattered over one, runs instead as n partial
 // contractions interleaved with n - 1 collective-permutes around the group's ring, so that
 // each transfer overlaps a partial product (the step-time model prices that: each step is an
-// op of its own, partition/step_schedule.h). The values equal the gathered-then-multiplied
+// op of its own, plan/step_schedule.h). The values equal the gathered-then-multiplied
 // (multiplied-then-scattered) ones up to the order of the partial sums.
 //
 // For member i of a group over mesh axes G (n members, ring order = member order):

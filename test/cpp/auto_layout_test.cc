@@ -1,14 +1,15 @@
 // Auto layouts (use_spmd(auto=True)'s search): the layouts a graph's parameters get from the
 // cost model, and the partitioner taking layouts without data (PartitionOptions::param_layouts).
-#include "partition/auto_layout.h"
+#include "plan/auto_layout.h"
 
 #include <gtest/gtest.h>
 
 #include "graph_test_util.h"
-#include "partition/cost_model.h"
 #include "partition/partitioner.h"
+#include "plan/cost_model.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+using namespace spmd::partition;  // the compiler's types the model reads
 namespace {
 
 using testing::F32;
@@ -133,4 +134,4 @@ TEST(AutoLayoutTest, TwoAxisMeshUsesBoth) {
 }
 
 }  // namespace
-}  // namespace spmd::partition
+}  // namespace spmd::plan

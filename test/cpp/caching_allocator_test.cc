@@ -1,11 +1,12 @@
-// The caching allocator model (partition/caching_allocator.h) against PyTorch's rules worked
+// The caching allocator model (plan/caching_allocator.h) against PyTorch's rules worked
 // by hand: rounding, the two pools and their segment sizes, best fit, splitting, merging, and
 // the fragmentation that makes a step reserve more than it ever holds.
-#include "partition/caching_allocator.h"
+#include "plan/caching_allocator.h"
 
 #include <gtest/gtest.h>
 
-namespace spmd::partition {
+namespace spmd::plan {
+using namespace spmd::partition;  // the compiler's types the model reads
 namespace {
 
 constexpr int64_t kMiB = 1 << 20;
@@ -53,4 +54,4 @@ TEST(CachingAllocatorTest, FreedNeighboursMergeAndFragmentationReservesMore) {
 }
 
 }  // namespace
-}  // namespace spmd::partition
+}  // namespace spmd::plan

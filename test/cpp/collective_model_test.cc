@@ -1,7 +1,7 @@
-// The collective model (partition/collective_model.h) by topology: GPU hosts on NVLink with a
+// The collective model (plan/collective_model.h) by topology: GPU hosts on NVLink with a
 // NIC per GPU, TPU slices on an ICI torus joined by DCN, and the latency of small collectives
 // on large groups, against numbers worked out by hand.
-#include "partition/collective_model.h"
+#include "plan/collective_model.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,8 @@
 
 #include "graph_test_util.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+using namespace spmd::partition;  // the compiler's types the model reads
 namespace {
 
 using testing::Close;
@@ -218,4 +219,4 @@ TEST(CollectiveModelTest, AllToAllAndPermuteAcrossHosts) {
 }
 
 }  // namespace
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,4 +1,4 @@
-// The static cost analysis (partition/cost.h) and the step-time model (partition/cost_model.h)
+// The static cost analysis (partition/cost.h) and the step-time model (plan/cost_model.h)
 // on hand-built rules, programs and statistics, against numbers worked out by hand.
 #include "partition/cost.h"
 
@@ -14,12 +14,20 @@
 #include "graph_test_util.h"
 #include "ir/internal_ops.h"
 #include "ir/recompute.h"
-#include "partition/cost_model.h"
 #include "partition/partitioner.h"
+#include "plan/cost_model.h"
 
 namespace spmd::partition {
 namespace {
 
+using plan::CollectiveTime;
+using plan::EstimateStep;
+using plan::Hardware;
+using plan::HostDeviceSeconds;
+using plan::OpTime;
+using plan::StepEstimate;
+using plan::TileEfficiency;
+using plan::WaveEfficiency;
 using testing::Close;
 using testing::Stat;
 using testing::Constrain;

@@ -1,12 +1,13 @@
 // Dim classes: which parameter dims the rules tie together (the auto-sharding search's
 // variables).
-#include "partition/dim_classes.h"
+#include "plan/dim_classes.h"
 
 #include <gtest/gtest.h>
 
 #include "graph_test_util.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+using namespace spmd::partition;  // the compiler's types the model reads
 namespace {
 
 using testing::F32;
@@ -58,4 +59,4 @@ TEST(DimClassesTest, SizeOneDimsHaveNoClass) {
 }
 
 }  // namespace
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,15 +1,16 @@
-// The layout ILP's coefficients (partition/layout_costs.h): strategies per tuple of decisions,
+// The layout ILP's coefficients (plan/layout_costs.h): strategies per tuple of decisions,
 // their op and collective seconds, memory rows and parameter storage.
-#include "partition/layout_costs.h"
+#include "plan/layout_costs.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "graph_test_util.h"
-#include "partition/collective_model.h"
+#include "plan/collective_model.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+using namespace spmd::partition;  // the compiler's types the model reads
 namespace {
 
 using testing::F32;
@@ -160,4 +161,4 @@ TEST(LayoutCostsTest, BadProblemsThrow) {
 }
 
 }  // namespace
-}  // namespace spmd::partition
+}  // namespace spmd::plan

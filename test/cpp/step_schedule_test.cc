@@ -1,7 +1,7 @@
-// The two-stream schedule of a step (partition/step_schedule.h) on hand-built statistics: ops
+// The two-stream schedule of a step (plan/step_schedule.h) on hand-built statistics: ops
 // and collectives at program positions, with durations given, against schedules worked out by
 // hand.
-#include "partition/step_schedule.h"
+#include "plan/step_schedule.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,8 @@
 
 #include "graph_test_util.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+using namespace spmd::partition;  // the compiler's types the model reads
 namespace {
 
 using testing::Close;
@@ -242,4 +243,4 @@ TEST(StepScheduleTest, AGradientReductionWaitsForTheBackwardWhereTheRuntimeSaysS
 }
 
 }  // namespace
-}  // namespace spmd::partition
+}  // namespace spmd::plan

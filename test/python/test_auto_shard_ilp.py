@@ -1,5 +1,5 @@
 """The layout ILP (torch_spmd/plan/auto_shard_ilp.py): the program it builds from the C++
-coefficients (partition/layout_costs.h), solved by HiGHS, and its place in auto_shard."""
+coefficients (plan/layout_costs.h), solved by HiGHS, and its place in auto_shard."""
 import pytest
 
 from torch_spmd.plan import auto_shard_ilp as ilp

@@ -1,5 +1,5 @@
 """xr.use_spmd(auto=True): a script that annotates nothing gets layouts chosen by the cost
-model, per graph (aten/auto_sharding.h, partition/auto_layout.h). Differential against CPU
+model, per graph (aten/auto_sharding.h, plan/auto_layout.h). Differential against CPU
 eager, with the chosen layouts and their collectives checked."""
 import copy
 

@@ -77,8 +77,11 @@ MAY_INCLUDE = {
     "sharding": {"core", "sharding"},
     "ir": {"core", "sharding", "ir"},
     "partition": {"core", "sharding", "ir", "partition"},
+    # The performance model and layout search read the compiler's programs; the compiler never
+    # reads them, nor does the runtime.
+    "plan": {"core", "sharding", "ir", "partition", "plan"},
     "runtime": {"core", "sharding", "ir", "partition", "runtime"},
-    "aten": {"core", "sharding", "ir", "partition", "runtime", "aten", "compat"},
+    "aten": {"core", "sharding", "ir", "partition", "plan", "runtime", "aten", "compat"},
 }
 
 

@@ -12,7 +12,7 @@
   >>> mesh = result.apply(model, inputs=(idx,))   # the same specs on a real model
 
 What is searched. The step is recorded once; the ops' sharding rules tie the dims of its
-parameters and inputs into classes (``_C._pending_dim_classes``, partition/dim_classes.h: the
+parameters and inputs into classes (``_C._pending_dim_classes``, plan/dim_classes.h: the
 batch, the model width, each MLP's hidden dim with both of its weights, ...), the logical axes a
 MaxText user would name by hand. A layout gives every class an ordered tuple of the axes of a
 2-D mesh ``(data, model)`` (or none), and every parameter group a storage choice: a dim and the

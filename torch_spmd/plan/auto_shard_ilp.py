@@ -1,7 +1,7 @@
 """The layout ILP of ``auto_shard`` (docs/auto_sharding.md, "The ILP"): Alpa's and XLA's
 auto-sharding formulation over the search's decisions, solved by HiGHS (``scipy.optimize.milp``).
 
-The coefficients come from ``_C._pending_layout_costs`` (partition/layout_costs.h): per tuple
+The coefficients come from ``_C._pending_layout_costs`` (plan/layout_costs.h): per tuple
 of decisions that some ops' strategies depend on, every valid combination of their options with
 its seconds (the ops at their local shapes and the all-reduces of partial results, summed over
 those ops) and, per memory row (a point of the step with many live bytes), its bytes per

@@ -188,7 +188,7 @@ struct ShardingRule {
   // The op only re-describes its operand's data (a view, transpose, permutation, broadcast,
   // slice), and how (ViewKind): an eager runtime hands back a strided view of the same
   // storage and a compiler folds it into its consumer's layout, so the step-time model
-  // (partition/cost_model.h) charges it no bytes and no kernel, and the executor may return a
+  // (plan/cost_model.h) charges it no bytes and no kernel, and the executor may return a
   // view of its operand's host memory (runtime/view_aliasing.h). Its FLOPs and bytes still
   // appear in the stats.
   ViewKind view = ViewKind::kNone;

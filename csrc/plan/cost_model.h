@@ -1,6 +1,6 @@
 // Predicted step time of a partitioned program on real hardware, from the program's own
 // statistics (per-op FLOPs and bytes from the sharding rules, every collective with its group,
-// bytes and program positions) and a hardware description (partition/hardware.h). Torch-free:
+// bytes and program positions) and a hardware description (plan/hardware.h). Torch-free:
 // plan mode and executed steps share it. The assumptions, one by one: docs/plan_mode.md.
 //
 // - An op takes max(compute, memory) (roofline). Compute: FLOPs / (peak FLOP/s for its dtype),
@@ -10,21 +10,27 @@
 //   HBM (its operands and results, less those a fused pointwise chain keeps on chip) /
 //   (hbm_bandwidth x hbm_efficiency). A view (ShardingRule::view: a reshape, transpose,
 //   broadcast or slice, a *_copy op in the functional IR) takes no time and issues no kernel.
-// - A collective takes the fastest of the algorithms partition/collective_model.h describes,
+// - A collective takes the fastest of the algorithms plan/collective_model.h describes,
 //   given where its group sits on the interconnect.
 // - The step is the critical path of a compute stream and a communication stream
-//   (partition/step_schedule.h), which also waits for the host to issue each kernel
+//   (plan/step_schedule.h), which also waits for the host to issue each kernel
 //   (Hardware::kernel_overhead), and at least the smooth maximum of the host's issue time and
 //   the device's own critical path (HostDeviceSeconds).
 #pragma once
 #include <algorithm>
 #include <vector>
 
-#include "partition/collective_model.h"
-#include "partition/hardware.h"
 #include "partition/program.h"
+#include "plan/collective_model.h"
+#include "plan/hardware.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+// The compiler's types this floor reads.
+using partition::CollectiveStat;
+using partition::OpCost;
+using partition::Program;
+using partition::ProgramStats;
 
 struct OpTime {
   double compute = 0;    // at the achieved FLOP rate
@@ -74,4 +80,4 @@ OpTime OpSeconds(const OpCost& op, const Hardware& hw);
 double HostDeviceSeconds(double host, double device);
 StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw);
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

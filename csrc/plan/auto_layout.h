@@ -16,10 +16,13 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "partition/hardware.h"
 #include "partition/propagate.h"
+#include "plan/hardware.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+// The compiler's types this floor reads.
+using partition::ParamLayouts;
 
 struct AutoLayoutRequest {
   MeshPtr mesh;
@@ -40,4 +43,4 @@ struct AutoLayout {
 
 AutoLayout ChooseParamLayouts(const ir::Graph& graph, const AutoLayoutRequest& request);
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

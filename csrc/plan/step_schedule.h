@@ -36,7 +36,12 @@
 
 #include "partition/program.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+// The compiler's types this floor reads.
+using partition::CollectiveStat;
+using partition::OpCost;
+using partition::ProgramStats;
 
 struct StepSchedule {
   double seconds = 0;                   // both streams done
@@ -65,4 +70,4 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
                           const std::vector<double>& collective_seconds,
                           const ScheduleOptions& options = {});
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

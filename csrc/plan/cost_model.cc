@@ -1,11 +1,11 @@
-#include "partition/cost_model.h"
+#include "plan/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "partition/step_schedule.h"
+#include "plan/step_schedule.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
 double TileEfficiency(int64_t m, int64_t n, int64_t k, int64_t tile) {
   if (tile <= 0 || m <= 0 || n <= 0 || k <= 0) return 1;
@@ -123,4 +123,4 @@ StepEstimate EstimateStep(const ProgramStats& stats, const Hardware& hw) {
   return e;
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,4 +1,4 @@
-#include "partition/auto_layout.h"
+#include "plan/auto_layout.h"
 
 #include <algorithm>
 #include <climits>
@@ -8,11 +8,14 @@
 #include <optional>
 
 #include "core/error.h"
-#include "partition/cost_model.h"
-#include "partition/dim_classes.h"
 #include "partition/partitioner.h"
+#include "plan/cost_model.h"
+#include "plan/dim_classes.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+using partition::PartitionGraph;
+using partition::PartitionOptions;
 
 namespace {
 
@@ -177,4 +180,4 @@ AutoLayout ChooseParamLayouts(const ir::Graph& graph, const AutoLayoutRequest& r
   return Search(graph, request).Run();
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

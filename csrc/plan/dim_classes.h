@@ -9,7 +9,7 @@
 
 #include "ir/graph.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
 struct DimClasses {
   // Per graph parameter (graph.params order), the class of each dim; -1 for a dim no rule
@@ -33,4 +33,4 @@ struct DimClasses {
 // constraint joins its operand's dims to its result's; nodes without a rule join nothing.
 DimClasses ComputeDimClasses(const ir::Graph& graph);
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,4 +1,4 @@
-#include "partition/dim_classes.h"
+#include "plan/dim_classes.h"
 
 #include <numeric>
 #include <unordered_map>
@@ -6,8 +6,13 @@
 #include "ir/internal_ops.h"
 #include "partition/rules/rule.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
+using partition::GetRule;
+using partition::Factor;
+using partition::FactorKind;
+using partition::TensorFactors;
+using partition::RulePtr;
 namespace {
 
 class UnionFind {
@@ -92,4 +97,4 @@ DimClasses ComputeDimClasses(const ir::Graph& graph) {
   return out;
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

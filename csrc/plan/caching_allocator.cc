@@ -1,4 +1,4 @@
-#include "partition/caching_allocator.h"
+#include "plan/caching_allocator.h"
 
 #include <algorithm>
 #include <iterator>
@@ -6,7 +6,10 @@
 #include "core/error.h"
 #include "partition/cost.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+using partition::LiveValue;
+using partition::ValueLifetimes;
 
 namespace {
 
@@ -119,4 +122,4 @@ int64_t ReservedPeakPerDevice(const Program& program, int64_t beside,
   return allocator.peak_reserved();
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,5 +1,5 @@
 // How long one collective takes, given where its group sits on the interconnect
-// (partition/hardware.h) and the algorithms runtimes choose between.
+// (plan/hardware.h) and the algorithms runtimes choose between.
 //
 // Each algorithm is a sequence of phases; a phase over r members moves, per device, the ring
 // formulas' bytes (NCCL's performance notes; s = each device's input buffer):
@@ -29,10 +29,13 @@
 #include <string>
 #include <vector>
 
-#include "partition/hardware.h"
 #include "partition/program.h"
+#include "plan/hardware.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+// The compiler's types this floor reads.
+using partition::CollectiveStat;
 
 // Where a group's members sit: over how many domains, with at least how many in each.
 struct GroupPlacement {
@@ -81,7 +84,7 @@ struct CollectiveTime {
   double seconds = 0;
   bool crosses_hosts = false;  // the group spans domains (GPU hosts, TPU slices)
   std::string algorithm;  // ring, tree, hierarchical, pairwise, exchange; empty: a group of one
-  double start = 0;            // in the step's schedule (partition/step_schedule.h)
+  double start = 0;            // in the step's schedule (plan/step_schedule.h)
   double exposed_seconds = 0;  // of the compute stream's waiting, the part charged to this one
   // The links it takes (CollectiveStat::channel), except that a permute around a ring whose
   // members lie on a line (part of a torus dimension, no wraparound link) takes both
@@ -91,4 +94,4 @@ struct CollectiveTime {
 
 CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw);
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,4 +1,4 @@
-#include "partition/step_schedule.h"
+#include "plan/step_schedule.h"
 
 #include <algorithm>
 #include <functional>
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
 StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& op_seconds,
                           const std::vector<double>& collective_seconds,
@@ -178,4 +178,4 @@ StepSchedule ScheduleStep(const ProgramStats& stats, const std::vector<double>& 
   return s;
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

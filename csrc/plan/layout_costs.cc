@@ -1,4 +1,4 @@
-#include "partition/layout_costs.h"
+#include "plan/layout_costs.h"
 
 #include <algorithm>
 #include <map>
@@ -8,14 +8,26 @@
 #include <unordered_map>
 
 #include "ir/internal_ops.h"
-#include "partition/collective_model.h"
 #include "partition/cost.h"
-#include "partition/cost_model.h"
 #include "partition/factor_assignment.h"
 #include "partition/rules/rule.h"
+#include "plan/collective_model.h"
+#include "plan/cost_model.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
+using partition::DimFactors;
+using partition::Factor;
+using partition::FactorKind;
+using partition::ViewKind;
+using partition::DimAxesFromFactors;
+using partition::DimOfFactor;
+using partition::ElementFlops;
+using partition::FactorAxes;
+using partition::GetRule;
+using partition::PartialAxes;
+using partition::ShardingRule;
+using partition::TensorFactors;
 namespace {
 
 // An op's decisions beyond this many are left unsharded in its strategies: the combinations
@@ -460,4 +472,4 @@ LayoutCosts ComputeLayoutCosts(const ir::Graph& graph, const DimClasses& classes
   return out;
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

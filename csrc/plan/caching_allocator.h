@@ -18,7 +18,10 @@
 
 #include "partition/program.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
+
+// The compiler's types this floor reads.
+using partition::Program;
 
 class CachingAllocatorModel {
  public:
@@ -54,4 +57,4 @@ class CachingAllocatorModel {
 int64_t ReservedPeakPerDevice(const Program& program, int64_t beside,
                               const std::vector<bool>* donated = nullptr);
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

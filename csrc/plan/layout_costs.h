@@ -1,16 +1,16 @@
 // The coefficients of the auto-sharding ILP (torch_spmd/plan/auto_shard_ilp.py), in the
 // formulation of Alpa and XLA's auto-sharding pass: a strategy per op, costs on the ops, and
 // memory rows at the step's points of most live bytes, here over the search's decisions (the
-// dim classes of partition/dim_classes.h, and how each parameter group is stored).
+// dim classes of plan/dim_classes.h, and how each parameter group is stored).
 //
 // An op's strategy is fixed by the options its factors' decisions take, so the ops whose
 // factors belong to the same decisions share one set of strategy variables: a DecisionTuple,
 // with one entry per valid combination of those decisions' options (no mesh axis sharding two
 // factors of the op, as in Shardy's factor propagation). Its seconds are the sum over those ops
-// of what the step-time model (partition/cost_model.h) charges each op at the local shapes the
+// of what the step-time model (plan/cost_model.h) charges each op at the local shapes the
 // combination gives, plus the all-reduce of each result left partial (a reduction factor
 // sharded: the data-parallel weight gradient, the row-parallel matmul), priced by
-// partition/collective_model.h. Parameters stored beyond their classes' axes (FSDP) add the
+// plan/collective_model.h. Parameters stored beyond their classes' axes (FSDP) add the
 // all-gather of each use but one (the reduce-scatter of their gradient costs an all-reduce's
 // half, about one all-gather less). What it leaves out, and the re-ranking that corrects it
 // (every solution is planned for real): overlap of communication with compute, the resharding
@@ -21,14 +21,16 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "partition/dim_classes.h"
-#include "partition/hardware.h"
 #include "partition/rules/rule.h"
+#include "plan/dim_classes.h"
+#include "plan/hardware.h"
 #include "sharding/mesh.h"
 #include "sharding/sharding.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
+using partition::ShardingRule;
+using partition::RulePtr;
 // One way to lay out a decision. A class decision: the mesh axes each of its dims is sharded
 // over (dim -1). A storage decision: its parameters' dim `dim` stored over `axes` besides the
 // axes of their classes (FSDP); dim -1 with no axes: stored as its classes lay it out.
@@ -74,4 +76,4 @@ LayoutCosts ComputeLayoutCosts(const ir::Graph& graph, const DimClasses& classes
                                const NodeRules& rules, const Mesh& mesh, const Hardware& hw,
                                const LayoutProblem& problem);
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

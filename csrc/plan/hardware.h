@@ -1,4 +1,4 @@
-// What the step-time model (partition/cost_model.h) knows about the hardware: per device peak
+// What the step-time model (plan/cost_model.h) knows about the hardware: per device peak
 // FLOP/s and HBM, how much of them real kernels achieve, and a two-level interconnect (a fast
 // domain, cross-domain links). Presets with their sources: torch_spmd/_hardware.py.
 #pragma once
@@ -7,7 +7,7 @@
 
 #include "core/dtype.h"
 
-namespace spmd::partition {
+namespace spmd::plan {
 
 struct Hardware {
   std::string name;
@@ -31,7 +31,7 @@ struct Hardware {
   // Seconds the host takes to issue one kernel: a runtime that launches a kernel per op from
   // the host (eager PyTorch on a GPU: dispatch and launch) runs ahead of the device, but the
   // device cannot start an op before the host has issued it, which bounds models whose ops are
-  // small (partition/step_schedule.h). 0 for compiled runtimes (XLA on TPUs issues a step's
+  // small (plan/step_schedule.h). 0 for compiled runtimes (XLA on TPUs issues a step's
   // fused program at once).
   double kernel_overhead = 0;
   // Interconnect. A domain is the devices one fast interconnect joins: a GPU host's NVLink, a
@@ -51,12 +51,12 @@ struct Hardware {
   double host_memory_bytes = 0;  // 0: not known, not checked
   int64_t host_devices = 1;
   // At most this many all-gathers may be issued ahead of the compute that reads them (FSDP's
-  // limit_all_gathers, XLA's overlap limits); 0: no limit (partition/step_schedule.h).
+  // limit_all_gathers, XLA's overlap limits); 0: no limit (plan/step_schedule.h).
   int64_t all_gather_prefetch = 0;
   // Whether gradient reductions run during the backward, as each gradient is made (PyTorch
   // DDP's buckets, FSDP, XLA), or only once the backward is done (false: Megatron-LM's
   // data-parallel reduction and distributed optimizer without --overlap-grad-reduce):
-  // CollectiveStat::after_backward, partition/step_schedule.h.
+  // CollectiveStat::after_backward, plan/step_schedule.h.
   bool overlap_grad_reduce = true;
 
   double PeakFlops(DType dtype) const {
@@ -64,4 +64,4 @@ struct Hardware {
   }
 };
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan

@@ -1,11 +1,11 @@
-#include "partition/collective_model.h"
+#include "plan/collective_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
 
-namespace spmd::partition {
+namespace spmd::plan {
 
 GroupPlacement PlaceGroup(const std::vector<int64_t>& group, int64_t members,
                           int64_t devices_per_domain) {
@@ -143,7 +143,7 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
     }
   };
   // Inside a domain, where the group's members sit on its torus: a ring per dimension they
-  // span, all of those dimensions' links at once (partition/collective_model.h).
+  // span, all of those dimensions' links at once (plan/collective_model.h).
   const int64_t domain_devices =
       hw.devices_per_domain > 0 && c.mesh_devices > 0
           ? std::min(hw.devices_per_domain, c.mesh_devices)
@@ -207,4 +207,4 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
   return t;
 }
 
-}  // namespace spmd::partition
+}  // namespace spmd::plan
