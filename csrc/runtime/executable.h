@@ -14,10 +14,10 @@
 
 #include "partition/program.h"
 #include "runtime/device_data.h"
+#include "runtime/exchange_schedule.h"
 #include "runtime/execution_plan.h"
 #include "runtime/process_span.h"
 #include "runtime/stacked.h"
-#include "runtime/vmap_level.h"
 
 namespace spmd::runtime {
 
@@ -59,14 +59,6 @@ class Executable {
     PerDevice buffers;
     Stacked stack;
   };
-  // The inputs of one ATen op aligned to one row map: see Align.
-  struct Aligned {
-    RowMapPtr map;
-    std::vector<int64_t> first_device;  // per row, a device holding it (when regrouped)
-    std::vector<at::Tensor> rows;       // per input: [rows, ...] if batched, else its one shard
-    std::vector<bool> batched;
-  };
-
   // nullopt: this run's inputs do not fold (an operand the factor's tiles do not cover differs
   // between the members of a group); the op then runs as any other.
   std::optional<std::vector<Stacked>> RunFolded(const Instruction& ins,
@@ -84,38 +76,29 @@ class Executable {
                                       const std::vector<const Stacked*>& inputs,
                                       const std::vector<ir::ScalarValue>& scalars) const;
   static const Stacked& StackIn(SlotValue& value);
-  Aligned Align(const std::vector<const Stacked*>& inputs, const std::vector<int64_t>* tiles) const;
-  // One kernel call on `args` (one tensor per node input): the results, one per node output
-  // (undefined where the program expects none). `tile` reseeds a random op's draws.
-  std::vector<at::Tensor> CallKernel(const Instruction& ins, std::vector<at::Tensor> args,
-                                     const std::vector<ir::ScalarValue>& scalars, int64_t tile,
-                                     bool as_view = false) const;
-  bool CanRunElementwise(const Instruction& ins, const Aligned& a) const;
-  // Runs an op whose inputs vary over devices in one call, stacked: elementwise, with rows
-  // merged into dims, or under vmap. nullopt: it must run per row (no batching rule).
-  std::optional<std::vector<Stacked>> RunBatched(const Instruction& ins,
-                                                 const std::vector<const Stacked*>& inputs,
-                                                 const std::vector<ir::ScalarValue>& scalars) const;
-  std::vector<Stacked> RunMerged(const Instruction& ins, const MergePlan& plan,
-                                 const std::vector<const Stacked*>& inputs,
-                                 const std::vector<ir::ScalarValue>& scalars) const;
-  // `rows` of the batched inputs as they are (plain tensors, or BatchedTensors of `level`),
-  // unbatched written inputs expanded to one copy per row.
-  std::vector<at::Tensor> BatchedArgs(const Instruction& ins, const Aligned& a,
-                                      const VmapLevel* level) const;
-  std::vector<Stacked> RunElementwise(const Instruction& ins, const Aligned& a,
-                                      const std::vector<ir::ScalarValue>& scalars) const;
-  std::vector<Stacked> RunVmapped(const Instruction& ins, const Aligned& a,
-                                  const std::vector<ir::ScalarValue>& scalars) const;
-  std::vector<Stacked> RunPerRow(const Instruction& ins, const Aligned& a,
-                                 const std::vector<ir::ScalarValue>& scalars,
-                                 const std::vector<int64_t>* tiles) const;
   void RunAtenOp(size_t index, std::vector<SlotValue>& slots,
                  const std::vector<ir::ScalarValue>& scalars) const;
   void RunInternalOp(const Instruction& ins, std::vector<SlotValue>& slots) const;
+  // One run's state: the slots, which of them hold donated inputs, the donated buffers whose
+  // device memory was given back (taken back if the run fails), the profile, the scalars.
+  struct RunState {
+    std::vector<SlotValue> slots;
+    std::vector<bool> donated_slot;
+    std::vector<BufferPtr> given_back;
+    RunProfile profile;
+    const std::vector<ir::ScalarValue>& scalars;
+  };
+  // Runs instruction `index` and frees what it read last.
+  void RunInstruction(size_t index, RunState& run) const;
+  // Runs a batch of deferred collectives across processes (exchange_schedule.h), then the
+  // instructions that waited for them.
+  void RunBatch(const ExchangeSchedule::Batch& batch, RunState& run) const;
   // Multi-process SPMD: runs the collectives in `deferred` (instruction indices), whose groups
-  // span processes, with one exchange for all of them; clears it.
-  void RunDeferredExchanges(std::vector<size_t>& deferred, std::vector<SlotValue>& slots) const;
+  // span processes, with one exchange for all of them.
+  void RunDeferredExchanges(const std::vector<size_t>& deferred,
+                            std::vector<SlotValue>& slots) const;
+  // The program's outputs as device data.
+  std::vector<DeviceDataPtr> OutputsOf(std::vector<SlotValue>& slots) const;
   // A view op without a copy (view_aliasing.h): shares, takes over or borrows its input's
   // bytes. False when it must copy (a reshape of a strided value).
   bool TryAliasInput(const Instruction& ins, std::vector<SlotValue>& slots,

@@ -4,9 +4,8 @@
 // Why: a step allocates and frees the same large buffers every time (activations, gradients,
 // the optimizer's new state), and the host's malloc hands large blocks back to the kernel on
 // free (mmap'd blocks, a trimmed heap top), so each step pays a page fault per 4 KiB it
-// touches again: measured on the step-time benchmark's 2-D row (8 devices), 24k faults per
-// step against eager's 9k; with the pool, none, and the row's ratio to eager went 1.28x ->
-// 1.14x (docs/benchmarks.md).
+// touches again, where eager PyTorch's own tensors, freed and reallocated at other sizes,
+// mostly stay in the heap (docs/benchmarks.md, "Design measurements", has the counts).
 //
 // How: while a `PooledHostAllocations` guard is alive on a thread, CPU allocations of at least
 // kMinPooledBytes made on that thread come from a pool of blocks kept across frees (by size

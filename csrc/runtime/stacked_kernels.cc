@@ -67,7 +67,8 @@ Call Prepare(const ir::Node& node, const std::vector<const Stacked*>& inputs) {
 
 // The members of each group reduced: [G, *local], in member order as ReduceGroup does. The
 // result keeps the input's memory layout: a transposed gradient is summed as it lies in
-// memory (15x faster than reading it across), and stays transposed.
+// memory (contiguous reads, where reading it across strides through memory), and stays
+// transposed.
 at::Tensor ReduceMembers(const at::Tensor& by_group, ReduceOp op) {
   at::Tensor acc = by_group.select(1, 0).clone(at::MemoryFormat::Preserve);
   for (int64_t i = 1; i < by_group.size(1); ++i) ReduceInto(acc, by_group.select(1, i), op);
