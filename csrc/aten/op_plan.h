@@ -47,8 +47,8 @@ struct OpPlan {
   // storage offset (see ApplyViewLayout in recorder.cc). nullptr for other ops.
   const c10::OperatorHandle* view_op = nullptr;
   // Output types memoized by argument signature (shapes, dtypes, non-tensor values): a training
-  // loop repeats its signatures, so steady-state recording never runs a meta kernel (which
-  // costs ~1 us in C++ and ~50 us for the ones registered from Python).
+  // loop repeats its signatures, so steady-state recording never runs a meta kernel (a
+  // dispatcher call, and a Python call for the meta kernels registered from Python).
   static constexpr size_t kMaxCachedShapes = 4096;
   struct CachedShapes {
     std::vector<TensorType> types;

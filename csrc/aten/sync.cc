@@ -344,9 +344,9 @@ std::vector<at::Tensor> KnownValues(const ir::Graph& graph, const std::vector<ir
 
 // Planned programs kept (PlanStep), the least recently used dropped first: a training loop
 // replans the same few graphs; a search over layouts (auto_shard) plans hundreds once each. A
-// 70B step's program has ~24k nodes (tens of MB). With 16 of those held, every later
-// partitioning of that step took 1.9x as long (0.68 s against 0.36 s, measured; held two,
-// 1.1x), so the programs kept are bounded by their nodes as well as by their number.
+// 70B step's program has tens of thousands of nodes (tens of MB), and holding many of those
+// slows every later partitioning (the heap they fill; docs/benchmarks.md, "Design
+// measurements"), so the programs kept are bounded by their nodes as well as by their number.
 constexpr size_t kPlanCacheEntries = 16;
 constexpr size_t kPlanCacheNodes = 32768;
 

@@ -748,8 +748,8 @@ def auto_shard(build: Callable, step: Callable, num_devices: int, hardware="tpu-
         # vocabulary is 0.4% of a 70B model's bytes, but decides whether its logits and
         # embedding outputs are communicated. Every storage decision stays, the smallest last:
         # a small group stored sharded costs a collective's latency at every use (norm weights
-        # gathered in each layer; a mixture's attention, 0.3% of its bytes, is 2 ms of a
-        # 760 ms step on 64 chips).
+        # gathered in each layer; a mixture's attention, a fraction of a percent of its bytes,
+        # costs milliseconds of latency per step).
         total = sum(nbytes) or 1
         feeds_input = {c for dims in search.dims[len(search.params):] for c in dims if c >= 0}
         of_matrix = {c for dims, (_, p) in zip(search.dims, search.params) if p.dim() >= 2
