@@ -1,7 +1,6 @@
 #include "aten/sync.h"
 
 #include <algorithm>
-#include <list>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,6 +13,7 @@
 #include "partition/partitioner.h"
 #include "partition/rules/rule.h"
 #include "plan/caching_allocator.h"
+#include "plan/plan_cache.h"
 #include "runtime/compile_cache.h"
 #include "runtime/plan_mode.h"
 #include "runtime/process_span.h"
@@ -342,46 +342,31 @@ std::vector<at::Tensor> KnownValues(const ir::Graph& graph, const std::vector<ir
   }
 }
 
-// Planned programs kept (PlanStep), the least recently used dropped first: a training loop
-// replans the same few graphs; a search over layouts (auto_shard) plans hundreds once each. A
-// 70B step's program has tens of thousands of nodes (tens of MB), and holding many of those
-// slows every later partitioning (the heap they fill; docs/benchmarks.md, "Design
-// measurements"), so the programs kept are bounded by their nodes as well as by their number.
-constexpr size_t kPlanCacheEntries = 16;
-constexpr size_t kPlanCacheNodes = 32768;
-
 // Plan mode: the step is partitioned (and cached) like a real one, then analysed instead of
 // run; its outputs become planned data in the layouts the program produces them in (with
 // their values where KnownValues keeps them).
 void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
               const std::unordered_map<ir::Value, std::vector<const SlotPtr*>, ValueHash>& slots_of) {
-  using Entry = std::pair<Hash, std::shared_ptr<const partition::Program>>;
-  static auto* cache = new std::list<Entry>();  // the most recently used first
+  auto& cache = plan::PlanCache::Get();
   const StepOptions step(graph);
-  const Hash key = HashCombine(graph.key, step.key);
-  auto it = std::find_if(cache->begin(), cache->end(), [&](const Entry& e) { return e.first == key; });
-  if (it == cache->end()) {
+  // Keyed as GetExecutable keys the compile cache.
+  const Hash key = HashCombine(HashCombine(graph.key, step.key),
+                               HashInt(runtime::GlobalDeviceCount()));
+  std::shared_ptr<const partition::Program> planned = cache.Lookup(key);
+  if (planned) {
+    Count("CachedCompile");
+  } else {
     Count("UncachedCompile");
     ScopedTimer timer("CompileTime");
-    // Room made first, so that partitioning reuses what the dropped programs free (the
-    // program will have about as many nodes as the graph).
-    size_t nodes = graph.nodes.size();
-    for (const Entry& e : *cache) nodes += e.second->nodes.size();
-    while (!cache->empty() && (cache->size() >= kPlanCacheEntries || nodes > kPlanCacheNodes)) {
-      nodes -= cache->back().second->nodes.size();
-      cache->pop_back();
-    }
+    cache.MakeRoom(graph.nodes.size());
     partition::PartitionOptions options = step.options;
     options.executor_traits = false;  // (never run)
-    cache->emplace_front(key, std::make_shared<const partition::Program>(partition::PartitionGraph(
-                                  graph, runtime::GlobalDeviceCount(), options)));
-  } else {
-    Count("CachedCompile");
-    cache->splice(cache->begin(), *cache, it);
+    planned = std::make_shared<const partition::Program>(
+        partition::PartitionGraph(graph, runtime::GlobalDeviceCount(), options));
+    cache.Insert(key, planned);
   }
-  it = cache->begin();
-  const partition::Program& program = *it->second;
-  Last().program = it->second;
+  const partition::Program& program = *planned;
+  Last().program = planned;
   Count("PlanGraph");
   const int64_t beside = BytesBesideStep(graph);
   // Donated as a run would donate them (SyncSlots): unreachable after the step, or relaid out.
@@ -395,7 +380,7 @@ void PlanStep(const ir::Graph& graph, const std::vector<ir::Value>& outputs,
         known.empty() ? at::Tensor() : known[i]));
     for (const SlotPtr* s : slots_of.at(outputs[i])) SetSlotValue(*s, ir::Value{data_node, 0});
   }
-  RecordStep(it->second, std::move(donated), beside);
+  RecordStep(planned, std::move(donated), beside);
 }
 
 }  // namespace
