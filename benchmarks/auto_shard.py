@@ -237,7 +237,7 @@ def main():
     text = table(rows)
     print(text)
     if args.write:
-        from overhead import write_section
+        from common.docs import write_section
         notes = (
             "Hand layouts: data parallel, FSDP (dim 0 over every device), Megatron TP and "
             "FSDP x TP (the embedding vocabulary-parallel, or FSDP-sharded as "

@@ -157,7 +157,7 @@ def main() -> None:
     print(table)
     if args.write:
         import torch
-        from overhead import write_section
+        from common.docs import write_section
         body = (
             "`benchmarks/compiled_overhead.py`: the benchmark GPT (bench_model.GPTConfig), data "
             "parallel over 8 emulated devices, Adam; host wall time per step before the step's "

@@ -272,7 +272,7 @@ def table(measured: dict, rows: list) -> str:
 
 def write(text: str) -> None:
     sys.path.insert(0, HERE)
-    from overhead import write_section
+    from common.docs import write_section
     write_section(os.path.join(ROOT, "docs", "benchmarks.md"),
                   "Plan mode against one real GPU (issue 22)",
                   "`scripts/gpu_check.sh` on a lent GPU (its `gpu.json` is kept as "

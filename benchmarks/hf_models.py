@@ -36,7 +36,7 @@ from torch_spmd.distributed.wrap import transformer_auto_wrap_policy  # noqa: E4
 from torch_spmd.experimental.spmd_fully_sharded_data_parallel import \
     SpmdFullyShardedDataParallel as FSDPv2  # noqa: E402
 
-from overhead import write_section  # noqa: E402
+from common.docs import write_section  # noqa: E402
 
 DEV = torch_spmd.device()
 

@@ -129,7 +129,7 @@ def main() -> None:
     if args.write:
         import torch
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from overhead import write_section
+        from common.docs import write_section
         body = (
             "`benchmarks/multihost.py`: the benchmark GPT (bench_model.GPTConfig), data parallel "
             "over 8 emulated devices, Adam, on one machine as 1 process x 8 devices, 2 x 4 and "

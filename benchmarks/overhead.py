@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from common.docs import write_section
+
 OPS = 5000      # recorded ops per measurement
 NODES = 2000    # nodes in the replayed graph
 REPEATS = 7
@@ -93,21 +95,6 @@ def report(rows) -> str:
             f"{r['record_us'] / r['eager_us']:.2f}x | {r['replay_us']:.2f} | {r['kernel_us']:.2f} | "
             f"{r['replay_us'] - r['kernel_us']:.2f} |")
     return "\n".join(lines)
-
-
-def write_section(path: str, title: str, body: str) -> None:
-    """Replaces (or appends) the `## title` section of a markdown file."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    header = f"## {title}\n"
-    start = text.find(header)
-    section = header + "\n" + body.strip() + "\n\n"
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(header))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-    with open(path, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
 
 
 def main() -> None:

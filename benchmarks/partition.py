@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_model import GPT, GPTConfig, sharding_plan  # noqa: E402
+from common.docs import write_section  # noqa: E402
 
 
 def ring_bytes(c) -> float:
@@ -148,11 +149,6 @@ def spawn(strategy, mesh_shape, cfg: GPTConfig) -> dict:
            "--mesh", json.dumps(list(mesh_shape)), "--config", json.dumps(cfg.__dict__)]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def write_section(path: str, title: str, body: str) -> None:
-    from overhead import write_section as write
-    write(path, title, body)
 
 
 def main() -> None:

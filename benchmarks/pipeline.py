@@ -97,7 +97,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        from overhead import write_section
+        from common.docs import write_section
         notes = (
             f"GPT of {CFG.layers} blocks (d={CFG.dim}, {CFG.heads} heads, seq {CFG.seq}, "
             f"vocab {CFG.vocab}, batch {CFG.batch}), AdamW, fp32, 8 emulated devices, this "

@@ -371,7 +371,7 @@ def main():
     print(text)
     if args.write:
         sys.path.insert(0, HERE)
-        from overhead import write_section
+        from common.docs import write_section
         write_section(os.path.join(ROOT, "docs", "benchmarks.md"),
                       "Plan mode against published numbers",
                       "`python benchmarks/plan.py --write` (each study a fresh process; plans "

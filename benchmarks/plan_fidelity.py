@@ -912,7 +912,7 @@ def main():
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s)")
     if args.write:
         sys.path.insert(0, HERE)
-        from overhead import write_section
+        from common.docs import write_section
         write_section(os.path.join(ROOT, "docs", "benchmarks.md"), "Plan mode against measured runs",
                       "`python benchmarks/plan_fidelity.py --write`: every run of "
                       "`../shared/plan_calibration` built in PyTorch, sharded as it ran and planned "

@@ -585,7 +585,7 @@ def main() -> None:
             print(f"\n[step_time] {label} failed:\n{r['stderr'][-3000:]}", file=sys.stderr)
     out = os.path.join(ROOT, "docs", "benchmarks.md") if args.write else args.out
     if out:
-        from overhead import write_section
+        from common.docs import write_section
         write_section(out, SECTION, section_body(args, table, cfg, rows))
         print(f"[step_time] wrote section '{SECTION}' to {out}", file=sys.stderr)
     failed = [label for key, label, r in rows + [("matmul", "matmul-bound", matmul or {})]

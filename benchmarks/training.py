@@ -130,7 +130,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        from overhead import write_section
+        from common.docs import write_section
         body = (f"`benchmarks/training.py`: a {CFG.layers}-layer GPT (d={CFG.dim}, {CFG.heads} heads, "
                 f"seq {CFG.seq}, vocab {CFG.vocab}, {rows[0][2]['params']:,} parameters), batch "
                 f"{CFG.batch}, Adam; steady-state step (best of 3). Resident: bytes each device "

@@ -130,7 +130,7 @@ def main() -> None:
     print(table)
     if args.write:
         import torch
-        from overhead import write_section
+        from common.docs import write_section
         body = (
             "`benchmarks/vs_torch_xla.py`: one PyTorch/XLA SPMD training script (step_time.py's "
             "GPT: 4 layers, d=128, seq 64, batch 64, Adam) run by the real PyTorch/XLA 2.9.0 on "
