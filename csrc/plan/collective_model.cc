@@ -119,6 +119,68 @@ double RingBytes(const std::string& kind, double r, double s) {
 
 }  // namespace
 
+namespace {
+
+// Where one collective's group sits and what its links carry: the numbers every algorithm's
+// time is made of.
+struct GroupOnLinks {
+  GroupOnLinks(const CollectiveStat& c, const Hardware& hw)
+      : c(c), hw(hw), place(PlaceGroup(c.first_group, c.group_size, hw.devices_per_domain)),
+        crosses(place.domains > 1), n(static_cast<double>(c.group_size)),
+        k(static_cast<double>(place.domains)), m(static_cast<double>(place.per_domain)),
+        s(static_cast<double>(c.bytes)), lat(hw.link_latency), inside(hw.ring_bandwidth),
+        across(hw.cross_domain_bandwidth),
+        domain_devices(hw.devices_per_domain > 0 && c.mesh_devices > 0
+                           ? std::min(hw.devices_per_domain, c.mesh_devices)
+                           : (hw.devices_per_domain > 0 ? hw.devices_per_domain
+                                                        : c.mesh_devices)) {}
+
+  // Inside a domain, where `members` sit on its torus: a ring per dimension they span, all of
+  // those dimensions' links at once (plan/collective_model.h).
+  TorusSpan SpanOf(const std::vector<int64_t>& members, int64_t count) const {
+    if (hw.torus_dims <= 0) return TorusSpan{count - 1.0, 1.0};
+    if (members.empty() || domain_devices <= 0) {  // where they sit unknown: a compact torus
+      TorusSpan compact{RingSteps(count, hw.torus_dims), 0.0};
+      for (int64_t side : CompactSides(count, hw.torus_dims)) compact.bandwidth_factor += side > 1;
+      compact.bandwidth_factor = std::max(compact.bandwidth_factor, 1.0);
+      return compact;
+    }
+    return SpanOnTorus(members, domain_devices, hw.torus_dims, c.mesh_shape.get());
+  }
+
+  const CollectiveStat& c;
+  const Hardware& hw;
+  const GroupPlacement place;
+  const bool crosses;  // the group spans GPU hosts or TPU slices
+  // group size, domains, members per domain, each device's input bytes, link latency, the
+  // ring bandwidth inside a domain and each device's share across domains
+  const double n, k, m, s, lat, inside, across;
+  const int64_t domain_devices;
+};
+
+// XLA's multi-slice collectives (NCCL has no such algorithm: ring or tree): inside each
+// domain over its m members, across domains over k members on 1/m of the data.
+double HierarchicalSeconds(const GroupOnLinks& g) {
+  const CollectiveStat& c = g.c;
+  std::vector<int64_t> local_members;
+  for (int64_t id : c.first_group)
+    if (id / g.hw.devices_per_domain == c.first_group[0] / g.hw.devices_per_domain)
+      local_members.push_back(id);
+  const TorusSpan local = g.SpanOf(local_members, g.place.per_domain);
+  const double intra_steps = local.steps * g.lat;
+  const double intra_bandwidth = g.inside * local.bandwidth_factor;
+  if (c.kind == "all-gather")
+    return RingBytes(c.kind, g.k, g.s) / g.across + (g.k - 1) * g.lat +
+           RingBytes(c.kind, g.m, g.k * g.s) / intra_bandwidth + intra_steps;
+  // reduce-scatter: inside, then across; all-reduce adds the all-gather back inside.
+  const double phases = c.kind == "all-reduce" ? 2 : 1;
+  const double intra = RingBytes("reduce-scatter", g.m, g.s) / intra_bandwidth + intra_steps;
+  return phases * intra + RingBytes(c.kind, g.k, g.s / g.m) / g.across +
+         phases * (g.k - 1) * g.lat;
+}
+
+}  // namespace
+
 CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
   CollectiveTime t;
   t.kind = c.kind;
@@ -129,81 +191,42 @@ CollectiveTime CollectiveSeconds(const CollectiveStat& c, const Hardware& hw) {
     t.seconds = static_cast<double>(c.bytes) / hw.host_bandwidth + hw.link_latency;
     return t;
   }
-  const double n = static_cast<double>(c.group_size);
-  if (n <= 1) return t;
-  const GroupPlacement place = PlaceGroup(c.first_group, c.group_size, hw.devices_per_domain);
-  t.crosses_hosts = place.domains > 1;
-  const double k = static_cast<double>(place.domains), m = static_cast<double>(place.per_domain);
-  const double s = static_cast<double>(c.bytes);  // each device's input buffer
-  const double lat = hw.link_latency, inside = hw.ring_bandwidth, across = hw.cross_domain_bandwidth;
+  if (c.group_size <= 1) return t;
+  const GroupOnLinks g(c, hw);
+  t.crosses_hosts = g.crosses;
   auto consider = [&t](const char* algorithm, double seconds) {
     if (t.algorithm.empty() || seconds < t.seconds) {
       t.algorithm = algorithm;
       t.seconds = seconds;
     }
   };
-  // Inside a domain, where the group's members sit on its torus: a ring per dimension they
-  // span, all of those dimensions' links at once (plan/collective_model.h).
-  const int64_t domain_devices =
-      hw.devices_per_domain > 0 && c.mesh_devices > 0
-          ? std::min(hw.devices_per_domain, c.mesh_devices)
-          : (hw.devices_per_domain > 0 ? hw.devices_per_domain : c.mesh_devices);
-  auto span_of = [&](const std::vector<int64_t>& members, int64_t count) {
-    if (hw.torus_dims <= 0) return TorusSpan{count - 1.0, 1.0};
-    if (members.empty() || domain_devices <= 0) {  // where they sit unknown: a compact torus
-      TorusSpan compact{RingSteps(count, hw.torus_dims), 0.0};
-      for (int64_t side : CompactSides(count, hw.torus_dims)) compact.bandwidth_factor += side > 1;
-      compact.bandwidth_factor = std::max(compact.bandwidth_factor, 1.0);
-      return compact;
-    }
-    return SpanOnTorus(members, domain_devices, hw.torus_dims, c.mesh_shape.get());
-  };
   // One ring through the whole group: across domains, one ring per NIC of the m members a
   // domain holds; inside one, as its torus span says.
-  const TorusSpan span = t.crosses_hosts ? TorusSpan{n - 1, 1.0} : span_of(c.first_group, c.group_size);
+  const TorusSpan span = g.crosses ? TorusSpan{g.n - 1, 1.0} : g.SpanOf(c.first_group, c.group_size);
   const double ring_bandwidth =
-      t.crosses_hosts ? std::min(inside, m * across) : inside * span.bandwidth_factor;
-  const double ring_steps = span.steps;
+      g.crosses ? std::min(g.inside, g.m * g.across) : g.inside * span.bandwidth_factor;
   if (c.kind == "collective-permute") {
     // Each member sends to one other: on a torus one link, one way (a ring's bandwidth is both
     // ways of a dimension's two links); through a switch, the GPU's own bandwidth one way.
-    const double one_way = hw.torus_dims > 0 ? inside / 2 : inside;
-    if (hw.torus_dims > 0 && !t.crosses_hosts && span.bandwidth_factor < 1) t.channel = 0;
-    consider("exchange", s / (t.crosses_hosts ? across : one_way) + lat);
+    const double one_way = hw.torus_dims > 0 ? g.inside / 2 : g.inside;
+    if (hw.torus_dims > 0 && !g.crosses && span.bandwidth_factor < 1) t.channel = 0;
+    consider("exchange", g.s / (g.crosses ? g.across : one_way) + g.lat);
     return t;
   }
   if (c.kind == "all-to-all") {
-    const double local = (m - 1) / n * s / inside, remote = (n - m) / n * s / across;
-    consider("pairwise", std::max(local, remote) + ring_steps * lat);
+    const double local = (g.m - 1) / g.n * g.s / g.inside;
+    const double remote = (g.n - g.m) / g.n * g.s / g.across;
+    consider("pairwise", std::max(local, remote) + span.steps * g.lat);
     return t;
   }
   const double phases = c.kind == "all-reduce" ? 2 : 1;
-  consider("ring", RingBytes(c.kind, n, s) / ring_bandwidth + phases * ring_steps * lat);
+  consider("ring", RingBytes(c.kind, g.n, g.s) / ring_bandwidth + phases * span.steps * g.lat);
   // A tree sends each byte over one link per level: one dimension's ring bandwidth.
   if (c.kind == "all-reduce")
-    consider("tree", 2 * s / (kTreeBandwidthFactor *
-                              (t.crosses_hosts ? std::min(inside, m * across) : inside)) +
-                         2 * std::ceil(std::log2(n)) * lat);
-  if (t.crosses_hosts && m > 1 && hw.torus_dims > 0) {
-    // XLA's multi-slice collectives (NCCL has no such algorithm: ring or tree): inside each
-    // domain over its m members, across domains over k members on 1/m of the data.
-    std::vector<int64_t> local_members;
-    for (int64_t id : c.first_group)
-      if (id / hw.devices_per_domain == c.first_group[0] / hw.devices_per_domain)
-        local_members.push_back(id);
-    const TorusSpan local = span_of(local_members, place.per_domain);
-    const double intra_steps = local.steps * lat;
-    const double intra_bandwidth = inside * local.bandwidth_factor;
-    if (c.kind == "all-gather") {
-      consider("hierarchical", RingBytes(c.kind, k, s) / across + (k - 1) * lat +
-                                   RingBytes(c.kind, m, k * s) / intra_bandwidth + intra_steps);
-    } else {
-      // reduce-scatter: inside, then across; all-reduce adds the all-gather back inside.
-      const double intra = RingBytes("reduce-scatter", m, s) / intra_bandwidth + intra_steps;
-      consider("hierarchical", phases * intra + RingBytes(c.kind, k, s / m) / across +
-                                   phases * (k - 1) * lat);
-    }
-  }
+    consider("tree", 2 * g.s / (kTreeBandwidthFactor *
+                                (g.crosses ? std::min(g.inside, g.m * g.across) : g.inside)) +
+                         2 * std::ceil(std::log2(g.n)) * g.lat);
+  if (g.crosses && g.m > 1 && hw.torus_dims > 0) consider("hierarchical", HierarchicalSeconds(g));
   return t;
 }
 
