@@ -53,63 +53,56 @@ TemplateCapture::~TemplateCapture() {
   if (!finished_) --t_open_captures;
 }
 
-std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Tensor>& outputs,
-                                                       std::string* why_not) {
-  SPMD_CHECK(!finished_, "TemplateCapture::Finish called twice");
-  finished_ = true;
-  --t_open_captures;
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
-  auto fail = [&](std::string reason) -> std::shared_ptr<GraphTemplate> {
-    *why_not = std::move(reason);
-    return nullptr;
-  };
-  if (g_host_work.load(std::memory_order_relaxed) != host_work_before_)
-    return fail("the region ran work on the host (an eager fallback, a sync or a read)");
+namespace {
 
-  auto tmpl = std::make_shared<GraphTemplate>();
-  std::unordered_map<ir::Value, int, ValueHash> input_of;
-  std::vector<std::pair<int, ir::Value>> written;  // (input, the value written into it)
+// How a template node refers to a value: an input, an earlier template node's output, or a
+// constant (a value from before the region that no input carries).
+GraphTemplate::Ref RefOf(const ir::Value& v,
+                         const std::unordered_map<ir::Value, int, ValueHash>& input_of,
+                         const std::unordered_map<const ir::Node*, int>& spec_of) {
+  GraphTemplate::Ref r;
+  if (auto it = input_of.find(v); it != input_of.end()) {
+    r.kind = GraphTemplate::Ref::Kind::kInput;
+    r.index = it->second;
+  } else if (int spec = spec_of.at(v.node.get()); spec >= 0) {
+    r.kind = GraphTemplate::Ref::Kind::kNode;
+    r.index = spec;
+    r.output = v.index;
+  } else {
+    r.constant = v;
+  }
+  return r;
+}
+
+}  // namespace
+
+void TemplateCapture::CaptureInputs(GraphTemplate& tmpl, InputOf& input_of,
+                                    std::vector<std::pair<int, ir::Value>>& written) const {
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const SlotPtr& slot = GetLazyImpl(inputs_[i], "a replayed input")->slot();
     const ir::Value& now = slot->value;
-    tmpl->input_types_.push_back(before_[i].type());
+    tmpl.input_types_.push_back(before_[i].type());
     auto [it, fresh] = input_of.emplace(before_[i], static_cast<int>(i));
-    tmpl->input_same_as_.push_back(fresh ? -1 : it->second);
-    tmpl->input_annotations_.emplace_back();
+    tmpl.input_same_as_.push_back(fresh ? -1 : it->second);
+    tmpl.input_annotations_.emplace_back();
     if (now == before_[i]) continue;
     // A changed input: annotated inside the region (then its new value is the input too, and
     // each instantiation annotates again), or written (an in-place update, e.g. AOTAutograd's
     // copy_ of a buffer's new value: each instantiation writes the value its nodes compute).
     const Sharding& annotation = slot->annotation;
     if (annotation.valid() && !(annotation == annotations_before_[i])) {
-      tmpl->input_annotations_.back() = annotation;
+      tmpl.input_annotations_.back() = annotation;
       input_of.emplace(now, static_cast<int>(i));
     } else {
       written.emplace_back(static_cast<int>(i), now);
     }
   }
+}
 
-  // Template nodes in recording order: a post-order walk from the outputs that stops at inputs.
-  std::unordered_map<const ir::Node*, int> spec_of;   // template node index, -1: constant
-  auto ref_of = [&](const ir::Value& v) {
-    GraphTemplate::Ref r;
-    if (auto it = input_of.find(v); it != input_of.end()) {
-      r.kind = GraphTemplate::Ref::Kind::kInput;
-      r.index = it->second;
-    } else if (int spec = spec_of.at(v.node.get()); spec >= 0) {
-      r.kind = GraphTemplate::Ref::Kind::kNode;
-      r.index = spec;
-      r.output = v.index;
-    } else {
-      r.constant = v;
-    }
-    return r;
-  };
+std::string TemplateCapture::CaptureNodes(GraphTemplate& tmpl, const std::vector<ir::Value>& roots,
+                                          const InputOf& input_of,
+                                          std::unordered_map<const ir::Node*, int>& spec_of) const {
   std::vector<std::pair<const ir::Value*, size_t>> stack;  // (value, next operand to visit)
-  std::vector<ir::Value> roots;
-  for (const at::Tensor& t : outputs)
-    roots.push_back(GetLazyImpl(t, "a replayed output")->slot()->value);
-  for (const auto& [input, value] : written) roots.push_back(value);
   for (const ir::Value& root : roots) {
     if (input_of.count(root) || spec_of.count(root.node.get())) continue;
     stack.push_back({&root, 0});
@@ -123,31 +116,58 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
       }
       stack.pop_back();
       if (node->id() < first_node_id_)
-        return fail("the region read a value from before the call that is not one of its inputs (" +
-                    node->op()->qualified + ")");
+        return "the region read a value from before the call that is not one of its inputs (" +
+               node->op()->qualified + ")";
       bool depends = node->draws_random_numbers();
       std::vector<GraphTemplate::Ref> refs;
       for (const ir::Value& in : node->inputs()) {
-        refs.push_back(ref_of(in));
+        refs.push_back(RefOf(in, input_of, spec_of));
         depends = depends || refs.back().kind != GraphTemplate::Ref::Kind::kConstant;
       }
       if (!depends) {
         spec_of[node.get()] = -1;
         continue;
       }
-      spec_of[node.get()] = static_cast<int>(tmpl->nodes_.size());
-      tmpl->nodes_.push_back(
+      spec_of[node.get()] = static_cast<int>(tmpl.nodes_.size());
+      tmpl.nodes_.push_back(
           {node->op(), std::move(refs),
            std::make_shared<const ir::Node::Attrs>(
                ir::Node::Attrs{node->args(), node->outputs(), node->shardings()}),
            node->scope(), node->in_backward(), node->draws_random_numbers()});
     }
   }
+  return "";
+}
+
+std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Tensor>& outputs,
+                                                       std::string* why_not) {
+  SPMD_CHECK(!finished_, "TemplateCapture::Finish called twice");
+  finished_ = true;
+  --t_open_captures;
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  if (g_host_work.load(std::memory_order_relaxed) != host_work_before_) {
+    *why_not = "the region ran work on the host (an eager fallback, a sync or a read)";
+    return nullptr;
+  }
+  auto tmpl = std::make_shared<GraphTemplate>();
+  InputOf input_of;
+  std::vector<std::pair<int, ir::Value>> written;  // (input, the value written into it)
+  CaptureInputs(*tmpl, input_of, written);
+  std::vector<ir::Value> roots;  // the outputs, then the written values
+  for (const at::Tensor& t : outputs)
+    roots.push_back(GetLazyImpl(t, "a replayed output")->slot()->value);
+  for (const auto& [input, value] : written) roots.push_back(value);
+  std::unordered_map<const ir::Node*, int> spec_of;  // template node index, -1: constant
+  if (std::string why = CaptureNodes(*tmpl, roots, input_of, spec_of); !why.empty()) {
+    *why_not = std::move(why);
+    return nullptr;
+  }
   for (size_t k = 0; k < written.size(); ++k)
-    tmpl->writes_.push_back({written[k].first, ref_of(roots[outputs.size() + k])});
+    tmpl->writes_.push_back(
+        {written[k].first, RefOf(roots[outputs.size() + k], input_of, spec_of)});
   for (size_t k = 0; k < outputs.size(); ++k) {
     LazyImpl* impl = GetLazyImpl(outputs[k], "a replayed output");
-    tmpl->outputs_.push_back({ref_of(roots[k]),
+    tmpl->outputs_.push_back({RefOf(roots[k], input_of, spec_of),
                               at::functionalization::impl::isFunctionalTensor(outputs[k]),
                               impl->sizes().vec(), impl->strides().vec(),
                               impl->storage_offset(), impl->slot()->annotation});

@@ -24,6 +24,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "aten/lazy_tensor.h"
@@ -112,6 +114,18 @@ class TemplateCapture {
                                         std::string* why_not);
 
  private:
+  using InputOf = std::unordered_map<ir::Value, int, ir::ValueHash>;
+  // The template's inputs: their types, repeats and annotations made inside the region; fills
+  // `input_of` (each input's values) and `written` (inputs written in place: (input, value)).
+  void CaptureInputs(GraphTemplate& tmpl, InputOf& input_of,
+                     std::vector<std::pair<int, ir::Value>>& written) const;
+  // The template's nodes, in recording order: a post-order walk from `roots` that stops at
+  // inputs; nodes that depend on no input are constants. Returns why the region cannot be
+  // replayed, or "" (then `spec_of` maps each node reached to its template node, -1: constant).
+  std::string CaptureNodes(GraphTemplate& tmpl, const std::vector<ir::Value>& roots,
+                           const InputOf& input_of,
+                           std::unordered_map<const ir::Node*, int>& spec_of) const;
+
   std::vector<at::Tensor> inputs_;
   std::vector<ir::Value> before_;
   std::vector<Sharding> annotations_before_;

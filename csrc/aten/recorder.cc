@@ -7,8 +7,10 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <thread>
 #include <sstream>
@@ -608,30 +610,25 @@ void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   RecordOp(plan, stack);
 }
 
-void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
-  size_t num_args = plan.info->args.size();
-  auto args = torch::jit::last(*stack, num_args);
-  ArgConverter conv(plan, args);
-  if (conv.unsupported) return RunEager(plan, stack);
+namespace {
 
-  ShapeResult shapes;
-  bool cached = false;
-  {  // GraphMutex (held by LazyFallback) guards the plan's shape cache
-    auto it = plan.shape_cache.find(conv.signature());
-    if (it != plan.shape_cache.end()) {
-      shapes.types = it->second.types;
-      shapes.counts = it->second.counts;
-      cached = true;
-    }
-  }
-  if (!cached) {
+// The op's output types: from the plan's cache of argument signatures, else its meta kernel
+// (or custom shape function). False when no meta path fits these arguments and the op ran
+// eagerly instead (the stack then holds its results).
+bool InferShapes(OpPlan& plan, ArgConverter& conv, torch::jit::Stack* stack, ShapeResult* shapes) {
+  // GraphMutex (held by LazyFallback) guards the plan's shape cache.
+  auto it = plan.shape_cache.find(conv.signature());
+  if (it != plan.shape_cache.end()) {
+    shapes->types = it->second.types;
+    shapes->counts = it->second.counts;
+  } else {
     try {
       if (plan.custom_shape) {
-        shapes.types = plan.custom_shape(conv.meta());
+        shapes->types = plan.custom_shape(conv.meta());
       } else {
         torch::jit::Stack meta_stack = conv.meta();
         plan.handle->callBoxed(&meta_stack);
-        shapes = ShapesFromMetaReturns(meta_stack);
+        *shapes = ShapesFromMetaReturns(meta_stack);
       }
     } catch (const std::exception& meta_error) {
       ClearPendingPythonError(meta_error);
@@ -640,68 +637,57 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
       // are wrong and the user gets the op, its input shapes and the kernel's reason.
       std::string inputs = DescribeInputs(plan, conv.meta());
       try {
-        return RunEager(plan, stack);
+        RunEager(plan, stack);
+        return false;
       } catch (const std::exception& e) {
         TORCH_CHECK(false, plan.info->qualified, ": cannot infer the output shapes for inputs ",
                     inputs, ": ", runtime::UserMessage(e));
       }
     }
-    {
-      if (plan.shape_cache.size() >= OpPlan::kMaxCachedShapes) plan.shape_cache.clear();
-      plan.shape_cache.emplace(conv.signature(), OpPlan::CachedShapes{shapes.types, shapes.counts});
-    }
+    if (plan.shape_cache.size() >= OpPlan::kMaxCachedShapes) plan.shape_cache.clear();
+    plan.shape_cache.emplace(conv.signature(), OpPlan::CachedShapes{shapes->types, shapes->counts});
   }
-  if (shapes.counts.empty()) shapes.counts.assign(shapes.types.size(), 1);
-  if (shapes.counts.size() != plan.returns.size()) {
+  if (shapes->counts.empty()) shapes->counts.assign(shapes->types.size(), 1);
+  if (shapes->counts.size() != plan.returns.size()) {
     // A list return whose length only the meta kernel knows: recompute it.
     torch::jit::Stack meta_stack = conv.meta();
     plan.handle->callBoxed(&meta_stack);
-    shapes = ShapesFromMetaReturns(meta_stack);
+    *shapes = ShapesFromMetaReturns(meta_stack);
   }
-  // Written arguments no return covers: extra outputs after the returns (the runtime appends
-  // the written copies of those inputs; see Executable::RunAtenOp).
-  std::vector<std::pair<int, int>> written;  // (argument, output index)
+  return true;
+}
+
+// Written arguments no return covers: extra outputs after the returns (the runtime appends
+// the written copies of those inputs; see Executable::RunAtenOp). (argument, output index).
+std::vector<std::pair<int, int>> AppendWrittenOutputs(const OpPlan& plan, ArgConverter& conv,
+                                                      ShapeResult& shapes) {
+  std::vector<std::pair<int, int>> written;
   for (int arg : plan.written_args) {
     if (conv.args()[arg].kind != ir::Arg::Kind::kTensor) continue;  // None
     written.emplace_back(arg, static_cast<int>(shapes.types.size()));
     shapes.types.push_back(conv.inputs[conv.args()[arg].i].type());
   }
+  return written;
+}
 
-  if (plan.reseed_default_generator)
-    conv.args().push_back(DrawSeed(at::detail::getDefaultCPUGenerator()));
-  // A view's output layouts, found before the node takes the arguments (GraphMutex, held by
-  // LazyFallback, guards the plan's cache).
-  const std::vector<OpPlan::ViewLayout>* view_layouts = nullptr;
-  if (plan.view_op && conv.impl(0)) {
-    const uint64_t key = ViewLayoutKey(conv.signature(), conv.impl(0));
-    auto it = plan.view_layout_cache.find(key);
-    view_layouts = it != plan.view_layout_cache.end()
-                       ? &it->second
-                       : &CacheViewLayouts(plan, key, conv.impl(0), conv.meta());
-  }
-  ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
-                                  shapes.types);
-  // Shape bookkeeping of token ids and masks runs on the host (host_bookkeeping.h). The node is
-  // dropped first: syncing a pending operand must not see it as a later reader.
-  std::vector<ir::Value> on_host;
-  if (RunsOnHost(plan, *node)) {
-    node.reset();
-    on_host = ComputeOnHost(plan, args);
-    SPMD_CHECK(static_cast<int64_t>(on_host.size()) ==
-                   std::accumulate(shapes.counts.begin(), shapes.counts.end(), int64_t{0}),
-               plan.info->qualified, " on the host gave ", on_host.size(), " results");
-  }
-  auto result = [&](int index) { return on_host.empty() ? ir::Value{node, index} : on_host[index]; };
-  bool factory = !conv.any_lazy;
-  // In-place and out= ops return the argument they wrote: keep those before the stack drops.
-  std::vector<c10::IValue> original_args;
-  for (int alias : plan.return_alias)
-    if (alias >= 0) {
-      original_args.assign(args.begin(), args.end());
-      break;
-    }
-  torch::jit::drop(*stack, num_args);
-  std::vector<at::Tensor> view_outputs;  // outputs that get a view layout
+// A view's output layouts, found before the node takes the arguments (GraphMutex, held by
+// LazyFallback, guards the plan's cache); null for other ops.
+const std::vector<OpPlan::ViewLayout>* ViewLayoutsOf(OpPlan& plan, ArgConverter& conv) {
+  if (!plan.view_op || !conv.impl(0)) return nullptr;
+  const uint64_t key = ViewLayoutKey(conv.signature(), conv.impl(0));
+  auto it = plan.view_layout_cache.find(key);
+  return it != plan.view_layout_cache.end() ? &it->second
+                                            : &CacheViewLayouts(plan, key, conv.impl(0), conv.meta());
+}
+
+// Pushes the op's returns onto the stack: new lazy tensors of its results, or for in-place and
+// out= returns the argument that takes the value. Returns the outputs that get a view layout.
+std::vector<at::Tensor> PushReturns(const OpPlan& plan, ArgConverter& conv,
+                                    const ShapeResult& shapes,
+                                    const std::function<ir::Value(int)>& result, bool factory,
+                                    const std::vector<c10::IValue>& original_args,
+                                    torch::jit::Stack* stack) {
+  std::vector<at::Tensor> view_outputs;
   int out = 0;
   for (size_t r = 0; r < plan.returns.size(); ++r) {
     if (plan.returns[r] == ReturnKind::kTensorList) {
@@ -726,6 +712,44 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
       stack->push_back(std::move(t));
     }
   }
+  return view_outputs;
+}
+
+}  // namespace
+
+// Records one op: its arguments converted, its output types inferred, a node made (or its
+// shape bookkeeping run on the host), lazy tensors of its results pushed.
+void RecordOp(OpPlan& plan, torch::jit::Stack* stack) {
+  size_t num_args = plan.info->args.size();
+  auto args = torch::jit::last(*stack, num_args);
+  ArgConverter conv(plan, args);
+  if (conv.unsupported) return RunEager(plan, stack);
+  ShapeResult shapes;
+  if (!InferShapes(plan, conv, stack, &shapes)) return;  // it ran eagerly
+  const std::vector<std::pair<int, int>> written = AppendWrittenOutputs(plan, conv, shapes);
+  if (plan.reseed_default_generator)
+    conv.args().push_back(DrawSeed(at::detail::getDefaultCPUGenerator()));
+  const std::vector<OpPlan::ViewLayout>* view_layouts = ViewLayoutsOf(plan, conv);
+  ir::NodePtr node = ir::MakeNode(plan.info, std::move(conv.inputs), std::move(conv.args()),
+                                  shapes.types);
+  // Shape bookkeeping of token ids and masks runs on the host (host_bookkeeping.h). The node is
+  // dropped first: syncing a pending operand must not see it as a later reader.
+  std::vector<ir::Value> on_host;
+  if (RunsOnHost(plan, *node)) {
+    node.reset();
+    on_host = ComputeOnHost(plan, args);
+    SPMD_CHECK(static_cast<int64_t>(on_host.size()) ==
+                   std::accumulate(shapes.counts.begin(), shapes.counts.end(), int64_t{0}),
+               plan.info->qualified, " on the host gave ", on_host.size(), " results");
+  }
+  auto result = [&](int index) { return on_host.empty() ? ir::Value{node, index} : on_host[index]; };
+  // In-place and out= ops return the argument they wrote: keep those before the stack drops.
+  std::vector<c10::IValue> original_args;
+  if (std::any_of(plan.return_alias.begin(), plan.return_alias.end(), [](int a) { return a >= 0; }))
+    original_args.assign(args.begin(), args.end());
+  torch::jit::drop(*stack, num_args);
+  std::vector<at::Tensor> view_outputs =
+      PushReturns(plan, conv, shapes, result, /*factory=*/!conv.any_lazy, original_args, stack);
   if (view_layouts) ApplyViewLayout(*view_layouts, view_outputs);
   for (const auto& [arg, index] : written) {
     if (LazyImpl* impl = conv.impl(arg)) SetSlotValue(impl->slot(), ir::Value{node, index});

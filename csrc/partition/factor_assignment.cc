@@ -166,14 +166,16 @@ std::vector<AxisList> DimAxesFromFactors(const ShardingRule& rule, const Mesh& m
   return dims;
 }
 
-FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
-                         const std::vector<const Sharding*>& operands,
-                         const std::vector<TensorType>& operand_types,
-                         const std::vector<const Sharding*>& results,
-                         const std::vector<TensorType>& result_types) {
-  const size_t num_factors = rule.factors.size();
-  std::vector<std::vector<Candidate>> candidates(num_factors);
-  FactorAxes projected(num_factors);  // (scratch: only a tensor's own factors are touched)
+namespace {
+
+// Per factor, the axes each annotated tensor proposes for it (projected from its sharding),
+// with the tensor's bytes and its index (operands first, then results from `*first_result`).
+std::vector<std::vector<Candidate>> CollectCandidates(
+    const ShardingRule& rule, const std::vector<const Sharding*>& operands,
+    const std::vector<TensorType>& operand_types, const std::vector<const Sharding*>& results,
+    const std::vector<TensorType>& result_types, int* first_result) {
+  std::vector<std::vector<Candidate>> candidates(rule.factors.size());
+  FactorAxes projected(rule.factors.size());  // (scratch: only a tensor's own factors are touched)
   int tensor_id = 0;
   auto collect = [&](const TensorFactors& tf, const Sharding* s, const TensorType& type) {
     const int id = tensor_id++;
@@ -189,20 +191,26 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
   for (size_t i = 0; i < rule.operands.size(); ++i)
     collect(rule.operands[i], i < operands.size() ? operands[i] : nullptr,
             i < operand_types.size() ? operand_types[i] : TensorType{});
-  const int first_result = tensor_id;
+  *first_result = tensor_id;
   for (size_t i = 0; i < results.size() && i < rule.results.size(); ++i)
     collect(rule.results[i], results[i], result_types[i]);
-
-  // Higher-priority factors first, then those of larger tensors (then longer axis lists):
-  // they keep their layout, smaller ones move.
+  // Larger tensors' proposals first (then longer axis lists): they keep their layout, smaller
+  // ones move.
   for (auto& c : candidates)
     std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.axes.size() > b.axes.size();
     });
-  // (Only factors some tensor proposes axes for: in a `_foreach_` op that is a few of
-  // thousands.)
+  return candidates;
+}
+
+// The factors to assign, in the order they choose: higher priority first, then those whose
+// proposal moves fewer bytes elsewhere, then larger tensors'. (Only factors some tensor
+// proposes axes for: in a `_foreach_` op that is a few of thousands.)
+std::vector<int> AssignmentOrder(const ShardingRule& rule,
+                                 const std::vector<std::vector<Candidate>>& candidates,
+                                 int first_result, const std::vector<TensorType>& result_types) {
   std::vector<int> order;
-  for (size_t f = 0; f < num_factors; ++f)
+  for (size_t f = 0; f < rule.factors.size(); ++f)
     if (!candidates[f].empty() && rule.factors[f].kind != FactorKind::kNeedReplication)
       order.push_back(static_cast<int>(f));
   const std::vector<int64_t> moved = ConflictBytes(rule, candidates, order, first_result,
@@ -213,14 +221,46 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
     if (moved[a] != moved[b]) return moved[a] < moved[b];
     return candidates[a][0].bytes > candidates[b][0].bytes;
   });
+  return order;
+}
 
-  FactorAxes assigned(num_factors);
+// Drops factor axes that some tensor of the op cannot carry (multi-factor dims), until none.
+void DropUncarriedAxes(const ShardingRule& rule, const Mesh& mesh, FactorAxes& assigned) {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    auto check = [&](const TensorFactors& tf) {
+      for (const DimFactors& dim : tf) {
+        size_t usable = UsableFactors(rule, mesh, dim, assigned);
+        for (size_t k = usable; k < dim.size(); ++k)
+          if (!assigned[dim[k]].empty()) {
+            assigned[dim[k]].clear();
+            changed = true;
+          }
+      }
+    };
+    for (const TensorFactors& tf : rule.operands) check(tf);
+    for (const TensorFactors& tf : rule.results) check(tf);
+  }
+}
+
+}  // namespace
+
+FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
+                         const std::vector<const Sharding*>& operands,
+                         const std::vector<TensorType>& operand_types,
+                         const std::vector<const Sharding*>& results,
+                         const std::vector<TensorType>& result_types) {
+  int first_result = 0;
+  const std::vector<std::vector<Candidate>> candidates =
+      CollectCandidates(rule, operands, operand_types, results, result_types, &first_result);
+  FactorAxes assigned(rule.factors.size());
   int num_groups = 1;
   for (const Factor& factor : rule.factors) num_groups = std::max(num_groups, factor.group + 1);
   // used[group * axes + axis]: a mesh axis shards at most one factor of an iteration space.
   const int num_axes = mesh.num_axes();
   std::vector<char> used(static_cast<size_t>(num_groups) * num_axes, 0);
-  for (int f : order) {
+  for (int f : AssignmentOrder(rule, candidates, first_result, result_types)) {
     char* taken = &used[static_cast<size_t>(rule.factors[f].group) * num_axes];
     for (const Candidate& c : candidates[f]) {
       // Take the longest prefix of the proposal whose axes are still free.
@@ -239,24 +279,7 @@ FactorAxes AssignFactors(const ShardingRule& rule, const Mesh& mesh,
       break;
     }
   }
-
-  // Drop factor axes that some tensor of the op cannot carry (multi-factor dims).
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    auto check = [&](const TensorFactors& tf) {
-      for (const DimFactors& dim : tf) {
-        size_t usable = UsableFactors(rule, mesh, dim, assigned);
-        for (size_t k = usable; k < dim.size(); ++k)
-          if (!assigned[dim[k]].empty()) {
-            assigned[dim[k]].clear();
-            changed = true;
-          }
-      }
-    };
-    for (const TensorFactors& tf : rule.operands) check(tf);
-    for (const TensorFactors& tf : rule.results) check(tf);
-  }
+  DropUncarriedAxes(rule, mesh, assigned);
   return assigned;
 }
 
