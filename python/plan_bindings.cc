@@ -6,6 +6,8 @@
 
 #include "aten/auto_sharding.h"
 #include "aten/layout_search.h"
+#include "aten/debug_text.h"
+#include "aten/step_memory.h"
 #include "aten/sync.h"
 #include "partition/cost.h"
 #include "plan/cost_model.h"

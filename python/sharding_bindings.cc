@@ -1,6 +1,7 @@
 // Bindings for sharding annotations (used by torch_spmd.distributed.spmd).
 #include "aten/lazy_tensor.h"
 #include "aten/memory_api.h"
+#include "aten/named_ops.h"
 #include "aten/sharding_api.h"
 #include "bindings.h"
 #include "partition/rules/rule.h"
@@ -77,6 +78,7 @@ void BindSharding(py::module_& m) {
       "A new spmd tensor with a CPU tensor's data laid out directly in the given sharding.");
   m.def("_clear_sharding", &aten::ClearSharding);
   m.def("_sharding_rule_names", &partition::RegisteredRuleNames);
+  m.def("_aten_named_op_names", &aten::NamedOpNames);
   // The sharding in named form ("[{fsdp}, {model}]"), "" when none: short for any mesh size.
   m.def("_named_sharding", [](const at::Tensor& t) {
     Sharding s = aten::GetSharding(t);

@@ -13,12 +13,13 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "aten/backward_scope.h"
 #include "aten/lazy_tensor.h"
+#include "aten/named_ops.h"
 #include "aten/op_plan.h"
 #include "aten/recorder.h"
+#include "aten/shape_functions.h"
 #include "aten/sharding_api.h"
 #include "partition/rules/rule.h"
 #include "runtime/device_data.h"
@@ -138,7 +139,7 @@ bool CheckMutationDevices(const c10::OperatorHandle& op, const torch::jit::Stack
         if (e.isTensor() && F::isFunctionalTensor(e.toTensor())) any_functional = true;
   }
   if (!any_functional || !host) return false;
-  if (op.schema().name() == "aten::copy_") {
+  if (const NamedOp* named = FindNamedOp(op.schema().name()); named && named->may_write_host) {
     // Device -> host copy into a host tensor: legal; the caller does it. Host -> device: the
     // functionalization kernel uploads.
     return !F::isFunctionalTensor(stack[stack.size() - num_args].toTensor());
@@ -220,6 +221,62 @@ void UpdateListsInPlace(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   torch::jit::drop(*stack, args.size());
 }
 
+// detach on a functional spmd tensor: a copy of its value, or torch's alias where one is
+// safe (below).
+void FunctionalDetach(const WrappedKernel& k, const c10::OperatorHandle& op,
+                      c10::DispatchKeySet ks, torch::jit::Stack* stack, const at::Tensor& self) {
+  namespace F = at::functionalization::impl;
+  const size_t num_args = op.schema().arguments().size();
+  // Other devices' functional tensors (AOTAutograd tracing a CPU or CUDA model under
+  // torch.compile) keep torch's detach, an alias of self as its schema says: a copy there
+  // breaks the tracer's storage aliasing. So do fake spmd tensors (AOTAutograd tracing a
+  // program on spmd tensors): they hold no LazyImpl.
+  if (self.device().type() != c10::DeviceType::PrivateUse1 ||
+      !dynamic_cast<LazyImpl*>(F::from_functional_tensor(self).unsafeGetTensorImpl()))
+    return k.original.callBoxed(op, ks, stack);
+  // A detach is metadata to the program the user wrote; what functionalization runs for it
+  // (a sync, a detach_copy) is not shown to an active Python dispatch mode. Selective
+  // activation checkpointing ignores aten.detach because checkpointing runs a different
+  // number of them in the forward and the recomputation; it would count these copies and
+  // fail. (Only while a mode is active: tensor subclasses dispatch on the same key.)
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> hide_from_modes;
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0)
+    hide_from_modes.emplace(c10::DispatchKey::Python);
+  F::sync(self);
+  at::Tensor value = F::from_functional_tensor(self);
+  auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+      self.storage().unsafeGetStorageImpl());
+  // After a sync a root's value is its storage's base; a view's value never is. Two kinds
+  // of views keep aliasing too, as on CPU, since regenerating from the base, all the
+  // shallow copy can do, gives them exactly and keeps nothing alive that they did not: one
+  // holding its base's very IR value (a detach of a detach: a state_dict entry), and a
+  // parameter (nn.Parameter detaches the tensor it wraps: a view covering its whole base,
+  // which lives as long as the parameter). So loading into model.state_dict() updates the
+  // model. Other views keep the copy: a gradient's view (a transpose back to the base's
+  // shape) holds a value of its own, and an alias would keep its base alive with it.
+  const at::Tensor& base = storage ? storage->base() : value;
+  auto* base_impl = dynamic_cast<LazyImpl*>(base.unsafeGetTensorImpl());
+  auto* value_impl = dynamic_cast<LazyImpl*>(value.unsafeGetTensorImpl());
+  const bool whole = base.sizes() == value.sizes() && base.strides() == value.strides() &&
+                     base.storage_offset() == value.storage_offset() &&
+                     base.dtype() == value.dtype();
+  const bool base_value =
+      base_impl && value_impl && base_impl->slot()->value == value_impl->slot()->value;
+  const bool parameter = self.requires_grad() && self.is_leaf();
+  if (storage && base.unsafeGetTensorImpl() != value.unsafeGetTensorImpl() &&
+      !(whole && (base_value || parameter))) {
+    at::Tensor detached;
+    {
+      at::AutoDispatchSkipFunctionalize guard;
+      detached = at::detach_copy(value);
+    }
+    torch::jit::drop(*stack, num_args);
+    stack->push_back(F::to_functional_tensor(detached));
+    return;
+  }
+  k.original.callBoxed(op, ks, stack);
+}
+
 void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                                 torch::jit::Stack* stack) {
   namespace F = at::functionalization::impl;
@@ -232,56 +289,7 @@ void FunctionalizeWithFixes(const c10::OperatorHandle& op, c10::DispatchKeySet k
   if (!mutating && (!self.defined() || !F::isFunctionalTensor(self)))
     return k.original.callBoxed(op, ks, stack);
 
-  if (k.kind == FixKind::kDetach) {
-    // Other devices' functional tensors (AOTAutograd tracing a CPU or CUDA model under
-    // torch.compile) keep torch's detach, an alias of self as its schema says: a copy there
-    // breaks the tracer's storage aliasing. So do fake spmd tensors (AOTAutograd tracing a
-    // program on spmd tensors): they hold no LazyImpl.
-    if (self.device().type() != c10::DeviceType::PrivateUse1 ||
-        !dynamic_cast<LazyImpl*>(F::from_functional_tensor(self).unsafeGetTensorImpl()))
-      return k.original.callBoxed(op, ks, stack);
-    // A detach is metadata to the program the user wrote; what functionalization runs for it
-    // (a sync, a detach_copy) is not shown to an active Python dispatch mode. Selective
-    // activation checkpointing ignores aten.detach because checkpointing runs a different
-    // number of them in the forward and the recomputation; it would count these copies and
-    // fail. (Only while a mode is active: tensor subclasses dispatch on the same key.)
-    std::optional<c10::impl::ExcludeDispatchKeyGuard> hide_from_modes;
-    if (c10::impl::TorchDispatchModeTLS::stack_len() > 0)
-      hide_from_modes.emplace(c10::DispatchKey::Python);
-    F::sync(self);
-    at::Tensor value = F::from_functional_tensor(self);
-    auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
-        self.storage().unsafeGetStorageImpl());
-    // After a sync a root's value is its storage's base; a view's value never is. Two kinds
-    // of views keep aliasing too, as on CPU, since regenerating from the base, all the
-    // shallow copy can do, gives them exactly and keeps nothing alive that they did not: one
-    // holding its base's very IR value (a detach of a detach: a state_dict entry), and a
-    // parameter (nn.Parameter detaches the tensor it wraps: a view covering its whole base,
-    // which lives as long as the parameter). So loading into model.state_dict() updates the
-    // model. Other views keep the copy: a gradient's view (a transpose back to the base's
-    // shape) holds a value of its own, and an alias would keep its base alive with it.
-    const at::Tensor& base = storage ? storage->base() : value;
-    auto* base_impl = dynamic_cast<LazyImpl*>(base.unsafeGetTensorImpl());
-    auto* value_impl = dynamic_cast<LazyImpl*>(value.unsafeGetTensorImpl());
-    const bool whole = base.sizes() == value.sizes() && base.strides() == value.strides() &&
-                       base.storage_offset() == value.storage_offset() &&
-                       base.dtype() == value.dtype();
-    const bool base_value =
-        base_impl && value_impl && base_impl->slot()->value == value_impl->slot()->value;
-    const bool parameter = self.requires_grad() && self.is_leaf();
-    if (storage && base.unsafeGetTensorImpl() != value.unsafeGetTensorImpl() &&
-        !(whole && (base_value || parameter))) {
-      at::Tensor detached;
-      {
-        at::AutoDispatchSkipFunctionalize guard;
-        detached = at::detach_copy(value);
-      }
-      torch::jit::drop(*stack, num_args);
-      stack->push_back(F::to_functional_tensor(detached));
-      return;
-    }
-    return k.original.callBoxed(op, ks, stack);
-  }
+  if (k.kind == FixKind::kDetach) return FunctionalDetach(k, op, ks, stack, self);
   if (k.kind == FixKind::kInplaceList) {
     CheckMutationDevices(op, *stack, num_args);  // (copy_ is not a list op)
     return UpdateListsInPlace(op, ks, stack, k);
@@ -319,18 +327,11 @@ c10::optional<FixKind> ClassifyForFix(const c10::OperatorName& name,
       if (a.alias_info() && a.alias_info()->isWrite()) return FixKind::kOut;
   }
   if (!in || !out || in->isWrite() != out->isWrite()) return c10::nullopt;
-  if (!in->isWrite()) return name.name == "aten::detach" ? c10::optional<FixKind>(FixKind::kDetach)
-                                                       : c10::nullopt;
-  // In-place view ops change only metadata, which functionalization handles.
-  static const auto* inplace_views = new std::unordered_set<std::string>{
-      "aten::t_", "aten::transpose_", "aten::squeeze_", "aten::unsqueeze_", "aten::swapaxes_",
-      "aten::swapdims_"};
-  if (inplace_views->count(name.name)) return c10::nullopt;
-  // Ops that legitimately change their self's metadata.
-  static const auto* reshaping = new std::unordered_set<std::string>{
-      "aten::resize_", "aten::resize_as_", "aten::set_", "aten::as_strided_",
-      "aten::_resize_output_"};
-  if (reshaping->count(name.name)) return c10::nullopt;
+  const NamedOp* named = FindNamedOp(name.name);
+  const FunctionalizeFix fix = named ? named->functionalize : FunctionalizeFix::kBySchema;
+  if (!in->isWrite())
+    return fix == FunctionalizeFix::kDetach ? c10::optional<FixKind>(FixKind::kDetach) : c10::nullopt;
+  if (fix == FunctionalizeFix::kNone) return c10::nullopt;  // metadata only (named_ops.cc)
   // An in-place op: self is written and returned.
   if (name.name.back() == '_' && schema.returns().size() == 1) return FixKind::kInplace;
   // An in-place list op: the lists are written, nothing is returned.
@@ -411,8 +412,8 @@ void RegisterBackend() {
           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
       if (!explicit_composite) continue;
-      // detach's composite kernel is a shallow copy, which shares our slot: keep it.
-      if (name.name == "aten::detach") continue;
+      if (const NamedOp* named = FindNamedOp(name.name); named && named->keeps_composite_kernel)
+        continue;
       std::string short_name = name.name.substr(6);
       if (!name.overload_name.empty()) short_name += "." + name.overload_name;
       // List ops without a sharding rule (_foreach_norm, ...), which would run replicated,

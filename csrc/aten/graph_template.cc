@@ -7,6 +7,7 @@
 #include <atomic>
 #include <unordered_map>
 
+#include "aten/arg_converter.h"
 #include "aten/recorder.h"
 #include "aten/sharding_api.h"
 #include "core/error.h"
@@ -22,7 +23,7 @@ thread_local int t_open_captures = 0;
 using ir::ValueHash;
 
 // A random node's seeds, drawn anew: its Generator arguments and the seed the recorder appended
-// after the schema's arguments (recorder.cc DrawSeed).
+// after the schema's arguments (arg_converter.cc DrawSeed).
 void DrawFreshSeeds(const ir::OpInfo& op, std::vector<ir::Arg>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const bool seed = i >= op.args.size() || op.args[i].type == ir::ArgType::kGenerator;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "aten/eager_fallback.h"
 #include "aten/graph_template.h"
 #include "aten/recorder.h"
 #include "core/metrics.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "aten/recorder.h"
+#include "aten/named_ops.h"
 
 namespace spmd::aten {
 
@@ -46,25 +46,6 @@ ir::ArgType ClassifyArg(const c10::TypePtr& real_type, bool* optional) {
   }
 }
 
-// Arguments that CPU kernels write although the schema does not say so. Without this the
-// update is lost (functionalization sees a pure op) and, worse, replay would write into an
-// immutable device buffer.
-const std::vector<int>* HiddenWrites(const std::string& qualified) {
-  static const auto* table = new std::unordered_map<std::string, std::vector<int>>{
-      // (input, weight, bias, running_mean, running_var, training, momentum, eps)
-      {"aten::native_batch_norm", {3, 4}},
-  };
-  auto it = table->find(qualified);
-  return it == table->end() ? nullptr : &it->second;
-}
-
-// Ops with non-tensor results that depend only on their arguments' sizes and dtypes, never on
-// values. They would otherwise run eagerly, which materializes (syncs) their inputs.
-bool IsMetadataQuery(const std::string& qualified) {
-  return qualified == "aten::is_same_size" || qualified == "aten::_has_same_storage_numel" ||
-         qualified == "aten::is_pinned";
-}
-
 // Whether `schema` is a view op: its first return aliases its first argument without writing.
 bool IsViewSchema(const c10::FunctionSchema& schema) {
   if (schema.arguments().empty() || schema.returns().empty()) return false;
@@ -82,7 +63,7 @@ const c10::OperatorHandle* FindViewOp(const c10::FunctionSchema& schema) {
   if (IsViewSchema(schema)) {
     view = dispatcher.findOp(c10::OperatorName(name, schema.overload_name()));
   } else if (name.size() > 5 && name.compare(name.size() - 5, 5, "_copy") == 0 &&
-             name != "aten::_to_copy" && name != "aten::_copy_from") {
+             !(FindNamedOp(name) && FindNamedOp(name)->not_a_view_copy)) {
     auto op = dispatcher.findOp(
         c10::OperatorName(name.substr(0, name.size() - 5), schema.overload_name()));
     if (op && op->hasSchema() && IsViewSchema(op->schema())) view = *op;
@@ -99,7 +80,11 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
   if (!schema.overload_name().empty()) qualified += "." + schema.overload_name();
 
   std::vector<ir::ArgSchema> args;
-  const std::vector<int>* hidden = HiddenWrites(qualified);
+  const NamedOp* named = FindNamedOp(qualified);
+  // (Arguments that CPU kernels write although the schema does not say so: without this the
+  // update is lost, functionalization seeing a pure op, and replay would write into an
+  // immutable device buffer.)
+  const std::vector<int>* hidden = named ? &named->hidden_writes : nullptr;
   for (const c10::Argument& a : schema.arguments()) {
     ir::ArgSchema as;
     as.name = a.name();
@@ -146,15 +131,12 @@ std::unique_ptr<OpPlan> BuildPlan(const c10::OperatorHandle& op) {
   plan->reseed_default_generator =
       !has_generator && op.hasTag(at::Tag::nondeterministic_seeded);
   plan->info = ir::InternOp(qualified, std::move(args), static_cast<int>(schema.returns().size()));
-  plan->special = FindSpecialKernel(qualified);
-  if (!plan->special && IsMetadataQuery(qualified)) plan->special = AnswerFromMetadata;
-  if (!plan->special && (qualified == "aten::_reshape_alias_copy" || qualified == "aten::_reshape_alias"))
-    plan->special = RecordReshapeAliasAsView;
+  plan->special = named ? named->special : nullptr;
   plan->view_op = FindViewOp(schema);
 
   bool has_meta = op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta);
-  if (const ShapeFn* fn = FindCustomShapeFn(qualified)) {
-    plan->custom_shape = *fn;
+  if (named && named->shape) {
+    plan->custom_shape = named->shape;
   } else if (!has_meta) {
     plan->eager_only = true;
     plan->eager_reason = "no meta kernel";

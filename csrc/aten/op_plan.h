@@ -4,7 +4,6 @@
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -17,8 +16,9 @@ namespace spmd::aten {
 
 enum class ReturnKind : uint8_t { kTensor, kTensorList, kOther };
 
-// Output types from the op's arguments, with spmd tensors replaced by meta tensors.
-using ShapeFn = std::function<std::vector<TensorType>(const std::vector<c10::IValue>& meta_args)>;
+// Output types of `op` from its arguments, with spmd tensors replaced by meta tensors.
+using ShapeFn = std::vector<TensorType> (*)(const c10::OperatorHandle& op,
+                                            const std::vector<c10::IValue>& meta_args);
 
 struct OpPlan;
 // A kernel for ops that move data between host and devices (copies, item, resize): they are
@@ -41,10 +41,12 @@ struct OpPlan {
   SpecialKernel special = nullptr;
   bool eager_only = false;        // never recorded: run on the host (data-dependent, etc.)
   const char* eager_reason = "";
-  ShapeFn custom_shape;           // overrides the meta kernel when set
+  ShapeFn custom_shape = nullptr;  // overrides the meta kernel when set
+  // The plan of the op `special` records this one as (NamedOp::recorded_as), found on first use.
+  OpPlan* recorded_as = nullptr;
   // For view ops and their functional *_copy twins (select_copy, t_copy, ...): the view op
   // itself, run on a meta tensor with the input's layout to find the output's strides and
-  // storage offset (see ApplyViewLayout in recorder.cc). nullptr for other ops.
+  // storage offset (see view_layout.h). nullptr for other ops.
   const c10::OperatorHandle* view_op = nullptr;
   // Output types memoized by argument signature (shapes, dtypes, non-tensor values): a training
   // loop repeats its signatures, so steady-state recording never runs a meta kernel (a
@@ -67,14 +69,5 @@ struct OpPlan {
 
 // The plan for `op`, built on first use. Thread-safe.
 OpPlan& GetOpPlan(const c10::OperatorHandle& op);
-
-// The special kernel for `qualified_name`, or nullptr.
-SpecialKernel FindSpecialKernel(const std::string& qualified_name);
-
-// Hand-written shape functions for ops whose meta kernel disagrees with the CPU kernel.
-const ShapeFn* FindCustomShapeFn(const std::string& qualified_name);
-// Registers Meta kernels for ops torch has none for but the recorder needs shapes of
-// (shape_functions.cc). Called once by RegisterBackend.
-void RegisterMissingMetaKernels();
 
 }  // namespace spmd::aten

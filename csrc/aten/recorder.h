@@ -1,6 +1,7 @@
 // The boxed kernel behind every ATen op on the spmd device: records the op as one IR node
 // (output shapes from the meta kernel or a shape function), or runs it eagerly on the host
-// when it cannot be recorded (data-dependent shapes, non-tensor results).
+// when it cannot be recorded (data-dependent shapes, non-tensor results; eager_fallback.h).
+// Its parts: the arguments (arg_converter.h), the view layouts (view_layout.h).
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -23,30 +24,10 @@ void RecordOp(OpPlan& plan, torch::jit::Stack* stack);
 // (unless functionalization is excluded in this dispatch context).
 at::Tensor WrapOutput(const ir::Value& v, bool factory);
 
-// A random op's seed, drawn now from `gen` (recorder.cc says how seeds are used).
-ir::Arg DrawSeed(at::Generator gen);
-
-// Runs `op` on the host values of its arguments and uploads tensor results (replicated).
-void RunEager(OpPlan& plan, torch::jit::Stack* stack);
-// `args` with every spmd tensor replaced by its host value (pending ones are synced first) and
-// device arguments by the CPU: the argument stack of the op's CPU kernel. Written tensors are
-// private copies. Fills `impls` (per argument, its spmd tensor, else null) and `any_lazy`
-// when given.
-std::vector<c10::IValue> HostArguments(const OpPlan& plan, c10::ArrayRef<c10::IValue> args,
-                                       std::vector<LazyImpl*>* impls, bool* any_lazy);
-
-// Answers an op that reads only tensor metadata (is_same_size, ...) on meta tensors, without
-// materializing anything.
-void AnswerFromMetadata(OpPlan& plan, torch::jit::Stack* stack);
-
 // _reshape_alias(_copy)(self, size, stride): recorded as view(_copy)(self, size). Its strides
 // describe the input's virtual (strided-device) layout, while device buffers are contiguous,
 // so they must not reach the kernel (XLA lowers it the same way).
 void RecordReshapeAliasAsView(OpPlan& plan, torch::jit::Stack* stack);
-
-// After handling an exception from a kernel written in Python (torch's python_error), clears
-// the Python error indicator it left set. No-op for C++ (c10) errors.
-void ClearPendingPythonError(const std::exception& e);
 
 // Records a node for an internal or ATen op built in C++ (not through the dispatcher) and
 // returns its output values.

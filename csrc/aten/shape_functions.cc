@@ -10,9 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <unordered_map>
-
-#include "aten/op_plan.h"
+#include "aten/shape_functions.h"
 #include "runtime/device_data.h"
 
 namespace spmd::aten {
@@ -20,9 +18,7 @@ namespace spmd::aten {
 namespace {
 
 // The output types of `op`'s meta kernel for these (meta) arguments.
-std::vector<TensorType> MetaTypes(const char* name, const char* overload,
-                                  const std::vector<c10::IValue>& a) {
-  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+std::vector<TensorType> MetaTypes(const c10::OperatorHandle& op, const std::vector<c10::IValue>& a) {
   torch::jit::Stack stack(a.begin(), a.end());
   op.callBoxed(&stack);
   std::vector<TensorType> out;
@@ -30,18 +26,22 @@ std::vector<TensorType> MetaTypes(const char* name, const char* overload,
   return out;
 }
 
+}  // namespace
+
 // native_batch_norm: the meta kernel's, except that in eval mode the CPU kernel returns empty
 // save_mean/save_invstd (the meta kernel says [C]).
-std::vector<TensorType> NativeBatchNorm(const std::vector<c10::IValue>& a) {
-  std::vector<TensorType> out = MetaTypes("aten::native_batch_norm", "", a);
+std::vector<TensorType> NativeBatchNorm(const c10::OperatorHandle& op,
+                                        const std::vector<c10::IValue>& a) {
+  std::vector<TensorType> out = MetaTypes(op, a);
   if (!a[5].toBool()) out[1].shape = out[2].shape = {0};
   return out;
 }
 
 // native_layer_norm: the CPU kernel keeps mean/rstd in the input's dtype (bf16 for bf16
 // input), where the meta kernel says float32.
-std::vector<TensorType> NativeLayerNorm(const std::vector<c10::IValue>& a) {
-  std::vector<TensorType> out = MetaTypes("aten::native_layer_norm", "", a);
+std::vector<TensorType> NativeLayerNorm(const c10::OperatorHandle& op,
+                                        const std::vector<c10::IValue>& a) {
+  std::vector<TensorType> out = MetaTypes(op, a);
   out[1].dtype = out[2].dtype = out[0].dtype;
   return out;
 }
@@ -49,20 +49,14 @@ std::vector<TensorType> NativeLayerNorm(const std::vector<c10::IValue>& a) {
 // _scaled_dot_product_flash_attention_for_cpu: the CPU kernel keeps logsumexp in the query's
 // op-math dtype (float64 for float64 input); torch 2.6's meta kernel says float32 for all
 // (later ones agree with the kernel).
-std::vector<TensorType> FlashAttentionForCpu(const std::vector<c10::IValue>& a) {
-  std::vector<TensorType> out = MetaTypes("aten::_scaled_dot_product_flash_attention_for_cpu", "", a);
+std::vector<TensorType> FlashAttentionForCpu(const c10::OperatorHandle& op,
+                                             const std::vector<c10::IValue>& a) {
+  std::vector<TensorType> out = MetaTypes(op, a);
   out[1].dtype = runtime::FromScalarType(at::toOpMathType(a[0].toTensor().scalar_type()));
   return out;
 }
 
-const std::unordered_map<std::string, ShapeFn>& Table() {
-  static const auto* table = new std::unordered_map<std::string, ShapeFn>{
-      {"aten::native_batch_norm", NativeBatchNorm},
-      {"aten::native_layer_norm", NativeLayerNorm},
-      {"aten::_scaled_dot_product_flash_attention_for_cpu", FlashAttentionForCpu},
-  };
-  return *table;
-}
+namespace {
 
 // Meta kernel for the functional variants of the fused optimizer steps (`_fused_sgd`, ...):
 // they return the new value of each of their leading list arguments, so each result list is
@@ -106,10 +100,5 @@ void RegisterMissingMetaKernels() {
   }
 }
 
-
-const ShapeFn* FindCustomShapeFn(const std::string& qualified_name) {
-  auto it = Table().find(qualified_name);
-  return it == Table().end() ? nullptr : &it->second;
-}
 
 }  // namespace spmd::aten

@@ -1,12 +1,6 @@
-// Kernels for the ops that move data between the host and the devices. Host->device copies
-// take a copy of the host value at once (recording them would capture the user's host tensor by
-// reference, and it may change), held on the host until used or annotated
-// (DeviceData::HeldOnHost); device->host copies materialize; device->device copies are recorded
-// like any op.
-// Tensors of other devices (cuda, ...) travel through the host, both ways.
-#include <ATen/ATen.h>
+#include "aten/transfers.h"
 
-#include <unordered_map>
+#include <ATen/ATen.h>
 
 #include "aten/lazy_tensor.h"
 #include "aten/op_plan.h"
@@ -32,6 +26,16 @@ void UploadInto(LazyImpl* dst, const at::Tensor& src) {
   SetSlotValue(dst->slot(), UploadValue(HostLike(dst->slot()->value.type(), src)));
 }
 
+// For copy_/copy(self, src): the lazy self when src is a host tensor to upload; nullptr when
+// the copy is an ordinary device op (recorded). 0-dim host tensors are scalars, recorded too.
+LazyImpl* HostCopyTarget(const at::Tensor& self, const at::Tensor& src) {
+  LazyImpl* dst = TryGetLazyImpl(self);
+  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return nullptr;
+  return dst;
+}
+
+}  // namespace
+
 // _to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)
 void ToCopy(OpPlan& plan, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 7);
@@ -55,14 +59,6 @@ void ToCopy(OpPlan& plan, torch::jit::Stack* stack) {
   }
   torch::jit::drop(*stack, 7);
   stack->push_back(result);
-}
-
-// For copy_/copy(self, src): the lazy self when src is a host tensor to upload; nullptr when
-// the copy is an ordinary device op (recorded). 0-dim host tensors are scalars, recorded too.
-LazyImpl* HostCopyTarget(const at::Tensor& self, const at::Tensor& src) {
-  LazyImpl* dst = TryGetLazyImpl(self);
-  if (!dst || TryGetLazyImpl(src) || src.dim() == 0) return nullptr;
-  return dst;
 }
 
 // copy_(self, src, non_blocking): self is on the device.
@@ -169,27 +165,6 @@ void CloneKeepingAnnotation(OpPlan& plan, torch::jit::Stack* stack) {
   RecordOp(plan, stack);
   if (source && source->annotation.valid() && stack->back().isTensor())
     CarryAnnotation(source, stack->back().toTensor());
-}
-
-}  // namespace
-
-SpecialKernel FindSpecialKernel(const std::string& qualified_name) {
-  static const auto* table = new std::unordered_map<std::string, SpecialKernel>{
-      {"aten::_to_copy", ToCopy},
-      {"aten::copy_", CopyInPlace},
-      {"aten::copy", CopyFunctional},
-      {"aten::_copy_from", CopyFrom},
-      {"aten::_copy_from_and_resize", CopyFrom},
-      {"aten::_local_scalar_dense", LocalScalarDense},
-      {"aten::resize_", Resize},
-      {"aten::detach_copy", SameValue},
-      {"aten::alias_copy", SameValue},
-      {"aten::lift_fresh_copy", SameValue},
-      {"aten::lift_fresh", SameValue},  // (torch.tensor(data, device=...), torch >= 2.13)
-      {"aten::clone", CloneKeepingAnnotation},
-  };
-  auto it = table->find(qualified_name);
-  return it == table->end() ? nullptr : it->second;
 }
 
 }  // namespace spmd::aten

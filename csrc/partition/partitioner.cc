@@ -249,23 +249,13 @@ class Partitioner {
     locals_[&n] = std::move(results);
   }
 
+  // A node with a rule, lowered in phases: its factors assigned to mesh axes, its operands
+  // resharded to what the assignment asks (or one of them gathered step by step, a windowed
+  // einsum), its results' layouts, the local ops, and the fusion bookkeeping they feed.
   void LowerNode(const ir::Node& n) {
     const ShardingRule* rule = prop_.RuleOf(&n);
     if (!rule) return LowerReplicated(n);
-    std::vector<const Sharding*> operand_s, result_s;
-    std::vector<TensorType> operand_t, result_t;
-    for (const ir::Value& in : n.inputs()) {
-      operand_s.push_back(&prop_.Get(in));
-      operand_t.push_back(in.type());
-    }
-    for (int o = 0; o < n.num_outputs(); ++o) {
-      ir::Value v{graph_.nodes[graph_.PositionOf(&n)], o};
-      result_s.push_back(&prop_.Get(v));
-      result_t.push_back(n.output(o));
-    }
-    FactorAxes fa = AssignFactors(*rule, *mesh_, operand_s, operand_t, result_s, result_t);
-    if (rule->results_must_replicate) fa.assign(fa.size(), AxisList());
-
+    const FactorAxes fa = AssignNodeFactors(n, *rule);
     const std::vector<int> passing = PartialPassingOperands(n, *rule, fa);
     AxisList passed;  // partial-sum axes carried through the op into its results
     std::vector<LocalValue> operands;
@@ -282,48 +272,11 @@ class Partitioner {
         operands.push_back(std::move(v));
         continue;
       }
-      bool shape_only = i < rule->shape_only_operands.size() && rule->shape_only_operands[i];
-      if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
-      const bool options_only =
-          i < rule->options_only_operands.size() && rule->options_only_operands[i];
-      if (options_only) {
-        // (Its local buffer as it is: only its dtype and device are read.)
-      } else if (std::find(passing.begin(), passing.end(), static_cast<int>(i)) != passing.end()) {
-        // Linear in this operand: move the partial values like whole ones (every reshard step
-        // is linear too) and keep the sum pending.
-        passed = v.layout.partial_axes();
-        v.layout = v.layout.WithoutPartial();
-        v = Reshard(builder_, v, want);
-        v.layout = v.layout.WithPartial(passed, ReduceOp::kSum);
-      } else if (v.layout.IsPartial()) {
-        // Reducing a pending sum finishes the op that produced it (a gradient's reduce-scatter
-        // belongs to the backward of its layer, not to the optimizer update that reads it):
-        // the collectives carry the producer's module path.
-        builder_.set_scope(n.input(i).node->scope());
-        v = Reshard(builder_, v, want);
-        builder_.set_scope(n.scope());
-      } else {
-        v = Reshard(builder_, v, want);
-      }
-      // Padding read by a sharded reduction must hold the reduction's identity.
-      for (size_t d = 0; d < rule->operands[i].size(); ++d)
-        for (int f : rule->operands[i][d])
-          if ((rule->factors[f].kind == FactorKind::kReduction || rule->factors[f].always_mask) &&
-              !fa[f].empty())
-            v = MaskPadding(builder_, v, {static_cast<int>(d)}, rule->factors[f].pad_value);
-      operands.push_back(std::move(v));
+      const bool passes = std::find(passing.begin(), passing.end(), static_cast<int>(i)) !=
+                          passing.end();
+      operands.push_back(LocalOperand(n, *rule, fa, i, std::move(v), want, passes, &passed));
     }
-    std::vector<Sharding> result_layouts;
-    for (int o = 0; o < n.num_outputs(); ++o) {
-      Sharding s = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->results[o], fa));
-      ReduceOp op = ReduceOp::kSum;
-      AxisList partial = PartialAxes(*rule, fa, o, &op);
-      if (!passed.empty()) {  // op is kSum here (checked by PartialPassingOperands)
-        partial.insert(partial.end(), passed.begin(), passed.end());
-        std::sort(partial.begin(), partial.end());
-      }
-      result_layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
-    }
+    std::vector<Sharding> result_layouts = ResultLayouts(n, *rule, fa, passed);
     if (!windowed && passed.empty() && n.num_outputs() == 1) {
       ir::Value out{graph_.nodes[graph_.PositionOf(&n)], 0};
       windowed = PlanWindowedScatter(n, *rule, *mesh_, result_layouts[0], prop_.Get(out),
@@ -333,31 +286,122 @@ class Partitioner {
     costs_.back().bytes += gathered_bytes;
     const size_t first_node = builder_.nodes().size();
     LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
+    std::vector<LocalValue> results = EmitLocalOps(n, *rule, lb, windowed, operands, result_layouts);
+    if (!lb.cost_steps().empty()) SplitCost(lb.cost_steps());
+    NoteLoweredNodes(n, *rule, results, first_node);
+    locals_[&n] = std::move(results);
+  }
+
+  // The mesh axes each factor of `n`'s rule is split over, from its operands' and results'
+  // propagated shardings.
+  FactorAxes AssignNodeFactors(const ir::Node& n, const ShardingRule& rule) const {
+    std::vector<const Sharding*> operand_s, result_s;
+    std::vector<TensorType> operand_t, result_t;
+    for (const ir::Value& in : n.inputs()) {
+      operand_s.push_back(&prop_.Get(in));
+      operand_t.push_back(in.type());
+    }
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      ir::Value v{graph_.nodes[graph_.PositionOf(&n)], o};
+      result_s.push_back(&prop_.Get(v));
+      result_t.push_back(n.output(o));
+    }
+    FactorAxes fa = AssignFactors(rule, *mesh_, operand_s, operand_t, result_s, result_t);
+    if (rule.results_must_replicate) fa.assign(fa.size(), AxisList());
+    return fa;
+  }
+
+  // Operand `i` of `n` (local value `v`) in the layout `want` the factor assignment asks for.
+  // `passes`: a pending sum in it passes through the op (its axes go to `passed`).
+  LocalValue LocalOperand(const ir::Node& n, const ShardingRule& rule, const FactorAxes& fa,
+                          size_t i, LocalValue v, const Sharding& want, bool passes,
+                          AxisList* passed) {
+    bool shape_only = i < rule.shape_only_operands.size() && rule.shape_only_operands[i];
+    if (shape_only && v.layout.IsPartial()) v.layout = v.layout.WithoutPartial();  // values unread
+    const bool options_only = i < rule.options_only_operands.size() && rule.options_only_operands[i];
+    if (options_only) {
+      // (Its local buffer as it is: only its dtype and device are read.)
+    } else if (passes) {
+      // Linear in this operand: move the partial values like whole ones (every reshard step
+      // is linear too) and keep the sum pending.
+      *passed = v.layout.partial_axes();
+      v.layout = v.layout.WithoutPartial();
+      v = Reshard(builder_, v, want);
+      v.layout = v.layout.WithPartial(*passed, ReduceOp::kSum);
+    } else if (v.layout.IsPartial()) {
+      // Reducing a pending sum finishes the op that produced it (a gradient's reduce-scatter
+      // belongs to the backward of its layer, not to the optimizer update that reads it):
+      // the collectives carry the producer's module path.
+      builder_.set_scope(n.input(i).node->scope());
+      v = Reshard(builder_, v, want);
+      builder_.set_scope(n.scope());
+    } else {
+      v = Reshard(builder_, v, want);
+    }
+    // Padding read by a sharded reduction must hold the reduction's identity.
+    for (size_t d = 0; d < rule.operands[i].size(); ++d)
+      for (int f : rule.operands[i][d])
+        if ((rule.factors[f].kind == FactorKind::kReduction || rule.factors[f].always_mask) &&
+            !fa[f].empty())
+          v = MaskPadding(builder_, v, {static_cast<int>(d)}, rule.factors[f].pad_value);
+    return v;
+  }
+
+  // The layouts of `n`'s results: tiled as the factors are, partial over the axes a reduction
+  // factor is split on and those of a sum passed through (`passed`).
+  std::vector<Sharding> ResultLayouts(const ir::Node& n, const ShardingRule& rule,
+                                      const FactorAxes& fa, const AxisList& passed) const {
+    std::vector<Sharding> layouts;
+    for (int o = 0; o < n.num_outputs(); ++o) {
+      Sharding s = Sharding::Tiled(mesh_, DimAxesFromFactors(rule, *mesh_, rule.results[o], fa));
+      ReduceOp op = ReduceOp::kSum;
+      AxisList partial = PartialAxes(rule, fa, o, &op);
+      if (!passed.empty()) {  // op is kSum here (checked by PartialPassingOperands)
+        partial.insert(partial.end(), passed.begin(), passed.end());
+        std::sort(partial.begin(), partial.end());
+      }
+      layouts.push_back(partial.empty() ? s : s.WithPartial(partial, op));
+    }
+    return layouts;
+  }
+
+  // The local ops of `n`: a windowed einsum's steps, the rule's own lowering, or the op itself
+  // on local buffers (with the local arguments the rule gives, if any).
+  std::vector<LocalValue> EmitLocalOps(const ir::Node& n, const ShardingRule& rule,
+                                       LocalBuilder& lb,
+                                       const std::optional<WindowedEinsum>& windowed,
+                                       const std::vector<LocalValue>& operands,
+                                       const std::vector<Sharding>& result_layouts) {
     std::vector<LocalValue> results;
     if (windowed) {
       results = LowerWindowedEinsum(lb, *windowed, operands, result_layouts[0]);
-    } else if (rule->lower) {
-      results = rule->lower(lb, operands);
-    } else if (rule->local_args) {
+    } else if (rule.lower) {
+      results = rule.lower(lb, operands);
+    } else if (rule.local_args) {
       std::vector<Shape> local_shapes;
       for (int o = 0; o < n.num_outputs(); ++o)
         local_shapes.push_back(LocalShape(n.output(o).shape, result_layouts[o]));
-      results = lb.EmitNodeOp(operands, lb.WithSlots(rule->local_args(n, local_shapes)));
+      results = lb.EmitNodeOp(operands, lb.WithSlots(rule.local_args(n, local_shapes)));
     } else {
       results = lb.EmitNodeOp(operands);
     }
     SPMD_CHECK(static_cast<int>(results.size()) == n.num_outputs(), "internal error: lowering of ",
                n.op()->qualified, " produced ", results.size(), " results");
-    if (!lb.cost_steps().empty()) SplitCost(lb.cost_steps());
-    if (!rule->updates_operand.empty() && !results.empty() &&
+    return results;
+  }
+
+  // What the local nodes emitted for `n` from `first_node` on tell later passes: the in-place
+  // update of an operand, and which of them fuse with their neighbours.
+  void NoteLoweredNodes(const ir::Node& n, const ShardingRule& rule,
+                        const std::vector<LocalValue>& results, size_t first_node) {
+    if (!rule.updates_operand.empty() && !results.empty() &&
         builder_.nodes().size() > first_node && results[0].value.node == builder_.nodes().back())
-      in_place_[builder_.nodes().back().get()] = rule->updates_operand;
-    if (IsPointwise(*rule) && rule->view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
+      in_place_[builder_.nodes().back().get()] = rule.updates_operand;
+    if (IsPointwise(rule) && rule.view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
     // (Views too: a compiler folds them into the fusion around them, as XLA's bitcasts.)
-    if (IsPointwise(*rule) || rule->view != ViewKind::kNone || rule->fuses_into_reader)
+    if (IsPointwise(rule) || rule.view != ViewKind::kNone || rule.fuses_into_reader)
       for (size_t k = first_node; k < builder_.nodes().size(); ++k)
         if (!builder_.nodes()[k]->op()->internal) fusible_.insert(builder_.nodes()[k].get());
-    locals_[&n] = std::move(results);
   }
 
   // The values a compiling runtime never holds (PartitionOptions::fused_memory). A fusion is a

@@ -166,6 +166,81 @@ std::optional<ShardingRule> Convolution(const ir::Node& node) {
   return rule;
 }
 
+// What the local convolution_backward reads besides its operands.
+struct ConvBackwardArgs {
+  ConvGeometry c;
+  ConvFactors f;
+  int go, in;  // grad_output's and input's positions among the node inputs
+  std::vector<int64_t> mask;  // output_mask
+  int pad_arg, groups_arg, bias_sizes_arg, mask_arg;
+};
+
+std::vector<LocalValue> LowerConvolutionBackward(LocalBuilder& b, const std::vector<LocalValue>& ops,
+                                                 const ConvBackwardArgs& a) {
+  const ConvGeometry& c = a.c;
+  const ConvFactors& f = a.f;
+  const int go = a.go, in = a.in, pad_arg = a.pad_arg, mask_arg = a.mask_arg;
+  const std::vector<int64_t>& mask = a.mask;
+  std::vector<Arg> base = b.WithSlots(b.node().args());
+  base[a.groups_arg] = Arg::Int(f.LocalGroups(b, c.groups));
+  std::vector<TensorType> types = {LocalResultType(b, 0), LocalResultType(b, 1),
+                                   LocalResultType(b, 2)};
+  const TensorType none{DType::kUndefined, {}};
+  if (types[2].dtype != DType::kUndefined && a.bias_sizes_arg >= 0)
+    base[a.bias_sizes_arg] = Arg::IntList(types[2].shape);
+  auto with = [&](std::vector<int64_t> padding, std::vector<int64_t> output_mask) {
+    std::vector<Arg> args = base;
+    args[pad_arg] = Arg::IntList(std::move(padding));
+    args[mask_arg].ints = std::move(output_mask);
+    return args;
+  };
+
+  // grad_input from a halo of grad_output (window.h, GradHalo) where every sharded dim
+  // allows it: no extended gradient, no overlap-add.
+  const bool want_input = types[0].dtype != DType::kUndefined;
+  bool from_grad_halo = want_input && f.space.AnySharded(b);
+  std::vector<int64_t> gi_padding = c.padding, gl(c.padding.size()), gr(c.padding.size());
+  for (size_t d = 0; d < c.padding.size() && from_grad_halo; ++d)
+    if (f.space.Sharded(b, d))
+      from_grad_halo =
+          c.windows[d].GradHalo(AxesSize(b.mesh(), b.factor_axes()[f.space.factors[d]]), &gl[d],
+                                &gr[d], &gi_padding[d]);
+
+  if (!from_grad_halo) {
+    // One local backward on the input extended by its halos (its values matter only to
+    // grad_weight); the extended grad_input is overlap-added into the neighbours' tiles.
+    std::vector<LocalValue> operands = ops;
+    std::vector<int64_t> padding = c.padding;
+    operands[in] = f.space.Extend(b, operands[in], padding, 0.0, /*exchange=*/mask[1] != 0);
+    if (want_input) types[0].shape = operands[in].value.type().shape;
+    std::vector<LocalValue> r = EmitWithTypes(b, operands, with(padding, mask), types);
+    if (want_input) r[0] = f.space.Reduce(b, r[0], b.result_layout(0));
+    return r;
+  }
+  // grad_weight/grad_bias first, from the input extended by its halos (which then dies)...
+  std::vector<LocalValue> r(3);
+  if (mask[1] || mask[2]) {
+    std::vector<LocalValue> operands = ops;
+    std::vector<int64_t> padding = c.padding;
+    operands[in] = f.space.Extend(b, operands[in], padding, 0.0, /*exchange=*/mask[1] != 0);
+    std::vector<LocalValue> w = EmitWithTypes(b, operands, with(padding, {0, mask[1], mask[2]}),
+                                              {none, types[1], types[2]});
+    r[1] = w[1];
+    r[2] = w[2];
+  }
+  // ... then grad_input of the input tile itself, from grad_output extended by its halos.
+  std::vector<LocalValue> operands = ops;
+  for (size_t d = 0; d < c.padding.size(); ++d)
+    if (f.space.Sharded(b, d))
+      operands[go] = HaloExchange(b, operands[go], f.space.first_dim + static_cast<int64_t>(d),
+                                  gl[d], gr[d], 0.0);
+  std::vector<LocalValue> g =
+      EmitWithTypes(b, operands, with(gi_padding, {1, 0, 0}), {types[0], none, none});
+  r[0] = g[0];
+  if (!(mask[1] || mask[2])) r[1] = g[1], r[2] = g[2];
+  return r;
+}
+
 // convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation,
 // transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias)
 std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
@@ -201,66 +276,10 @@ std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
 
   const int pad_arg = ArgIndex(node, "padding"), groups_arg = ArgIndex(node, "groups");
   const int bias_sizes_arg = ArgIndex(node, "bias_sizes");
-  rule.lower = [c = *c, f, go, in, mask, pad_arg, groups_arg, bias_sizes_arg, mask_arg](
-                   LocalBuilder& b, const std::vector<LocalValue>& ops) {
-    std::vector<Arg> base = b.WithSlots(b.node().args());
-    base[groups_arg] = Arg::Int(f.LocalGroups(b, c.groups));
-    std::vector<TensorType> types = {LocalResultType(b, 0), LocalResultType(b, 1),
-                                     LocalResultType(b, 2)};
-    const TensorType none{DType::kUndefined, {}};
-    if (types[2].dtype != DType::kUndefined && bias_sizes_arg >= 0)
-      base[bias_sizes_arg] = Arg::IntList(types[2].shape);
-    auto with = [&](std::vector<int64_t> padding, std::vector<int64_t> output_mask) {
-      std::vector<Arg> args = base;
-      args[pad_arg] = Arg::IntList(std::move(padding));
-      args[mask_arg].ints = std::move(output_mask);
-      return args;
-    };
-
-    // grad_input from a halo of grad_output (window.h, GradHalo) where every sharded dim
-    // allows it: no extended gradient, no overlap-add.
-    const bool want_input = types[0].dtype != DType::kUndefined;
-    bool from_grad_halo = want_input && f.space.AnySharded(b);
-    std::vector<int64_t> gi_padding = c.padding, gl(c.padding.size()), gr(c.padding.size());
-    for (size_t d = 0; d < c.padding.size() && from_grad_halo; ++d)
-      if (f.space.Sharded(b, d))
-        from_grad_halo =
-            c.windows[d].GradHalo(AxesSize(b.mesh(), b.factor_axes()[f.space.factors[d]]), &gl[d],
-                                  &gr[d], &gi_padding[d]);
-
-    if (!from_grad_halo) {
-      // One local backward on the input extended by its halos (its values matter only to
-      // grad_weight); the extended grad_input is overlap-added into the neighbours' tiles.
-      std::vector<LocalValue> operands = ops;
-      std::vector<int64_t> padding = c.padding;
-      operands[in] = f.space.Extend(b, operands[in], padding, 0.0, /*exchange=*/mask[1] != 0);
-      if (want_input) types[0].shape = operands[in].value.type().shape;
-      std::vector<LocalValue> r = EmitWithTypes(b, operands, with(padding, mask), types);
-      if (want_input) r[0] = f.space.Reduce(b, r[0], b.result_layout(0));
-      return r;
-    }
-    // grad_weight/grad_bias first, from the input extended by its halos (which then dies)...
-    std::vector<LocalValue> r(3);
-    if (mask[1] || mask[2]) {
-      std::vector<LocalValue> operands = ops;
-      std::vector<int64_t> padding = c.padding;
-      operands[in] = f.space.Extend(b, operands[in], padding, 0.0, /*exchange=*/mask[1] != 0);
-      std::vector<LocalValue> w = EmitWithTypes(b, operands, with(padding, {0, mask[1], mask[2]}),
-                                                {none, types[1], types[2]});
-      r[1] = w[1];
-      r[2] = w[2];
-    }
-    // ... then grad_input of the input tile itself, from grad_output extended by its halos.
-    std::vector<LocalValue> operands = ops;
-    for (size_t d = 0; d < c.padding.size(); ++d)
-      if (f.space.Sharded(b, d))
-        operands[go] = HaloExchange(b, operands[go], f.space.first_dim + static_cast<int64_t>(d),
-                                    gl[d], gr[d], 0.0);
-    std::vector<LocalValue> g =
-        EmitWithTypes(b, operands, with(gi_padding, {1, 0, 0}), {types[0], none, none});
-    r[0] = g[0];
-    if (!(mask[1] || mask[2])) r[1] = g[1], r[2] = g[2];
-    return r;
+  rule.lower = [args = ConvBackwardArgs{*c, f, go, in, mask, pad_arg, groups_arg, bias_sizes_arg,
+                                        mask_arg}](LocalBuilder& b,
+                                                   const std::vector<LocalValue>& ops) {
+    return LowerConvolutionBackward(b, ops, args);
   };
   return rule;
 }

@@ -13,6 +13,63 @@ namespace spmd::partition {
 
 namespace {
 
+// addmm(bias, m1, m2, beta, alpha) = beta*bias + alpha*(m1 @ m2). With a sharded contraction
+// the product is a partial sum over the contraction axes; the result stays one too: every
+// member adds beta*bias/n (n = the group size), so the pending sum counts the bias once and
+// the consumer decides between all-reduce and reduce-scatter. (Integer results cannot be
+// split that way: they are reduced here and the bias added once.)
+// beta = 0 ignores the bias entirely (NaN/inf in it must not propagate, as in ATen): the
+// local op is then alpha * (m1 @ m2), also unsharded (vmap's addmm, which runs the local op
+// over stacked devices, computes beta * bias and would propagate them).
+std::vector<LocalValue> LowerBiasedContraction(LocalBuilder& b, const std::vector<LocalValue>& ops,
+                                               int lhs, int rhs, int bias, int k) {
+  const ir::Arg beta = b.node_arg(3);
+  const bool no_bias = beta.is_scalar() && !beta.dynamic && beta.ScalarValue() == 0.0;
+  if (b.factor_axes()[k].empty() && !no_bias) return b.EmitNodeOp(ops);
+  const ir::Node& n = b.node();
+  bool batched = n.output(0).rank() == 3;
+  const char* mm = batched ? "aten::bmm" : "aten::mm";
+  std::vector<ir::ArgSchema> mm_schema = {{"self", ir::ArgType::kTensor}, {"mat2", ir::ArgType::kTensor}};
+  const Sharding& layout = b.result_layout(0);
+  TensorType local{n.output(0).dtype, LocalShape(n.output(0).shape, layout)};
+  LocalValue prod = b.EmitOp(mm, mm_schema, {ops[lhs].value, ops[rhs].value},
+                             {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, local, layout, n.output(0));
+  const bool keep_partial = IsFloatingPoint(n.output(0).dtype);
+  if (!keep_partial) prod = b.Resolve(prod);
+  if (no_bias) {
+    return std::vector<LocalValue>{b.EmitOp(
+        "aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+        {prod.value}, {ir::Arg::Tensor(0), b.node_arg(4)}, prod.value.type(), prod.layout,
+        n.output(0))};
+  }
+  // add(bias * beta [/ n], prod, alpha).
+  ir::Value bias_v = ops[bias].value;
+  ir::Arg bias_scale = beta;
+  if (keep_partial) {
+    double n_members = static_cast<double>(AxesSize(b.mesh(), b.factor_axes()[k]));
+    ir::Arg s = ir::Arg::ScalarDouble((beta.is_scalar() ? beta.ScalarValue() : 1.0) / n_members);
+    if (beta.is_scalar() && beta.dynamic) {
+      // A run-time beta: scale by 1/n here, by beta below.
+      bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+                        {bias_v}, {ir::Arg::Tensor(0), beta}, bias_v.type(), ops[bias].layout,
+                        ops[bias].global).value;
+      s.d = 1.0 / n_members;
+    }
+    bias_scale = s;
+  }
+  if (bias_scale.is_scalar() && (bias_scale.dynamic || bias_scale.ScalarValue() != 1.0)) {
+    bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
+                      {bias_v}, {ir::Arg::Tensor(0), bias_scale}, bias_v.type(), ops[bias].layout,
+                      ops[bias].global).value;
+  }
+  LocalValue out = b.EmitOp(
+      "aten::add.Tensor",
+      {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}, {"alpha", ir::ArgType::kScalar}},
+      {bias_v, prod.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1), b.node_arg(4)}, prod.value.type(),
+      prod.layout, n.output(0));
+  return std::vector<LocalValue>{out};
+}
+
 // [batch..., i, k] x [batch..., k, j] -> [batch..., i, j], for operands `lhs` and `rhs`
 // (positions among the node inputs); `bias` (or -1) broadcasts onto the result.
 std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, int bias) {
@@ -43,61 +100,8 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   rule.results = {fo};
   rule.flops_per_point = 2;  // a multiply and an add per (batch, i, k, j)
   if (bias < 0) return rule;
-
-  // addmm(bias, m1, m2, beta, alpha) = beta*bias + alpha*(m1 @ m2). With a sharded contraction
-  // the product is a partial sum over the contraction axes; the result stays one too: every
-  // member adds beta*bias/n (n = the group size), so the pending sum counts the bias once and
-  // the consumer decides between all-reduce and reduce-scatter. (Integer results cannot be
-  // split that way: they are reduced here and the bias added once.)
-  // beta = 0 ignores the bias entirely (NaN/inf in it must not propagate, as in ATen): the
-  // local op is then alpha * (m1 @ m2), also unsharded (vmap's addmm, which runs the local op
-  // over stacked devices, computes beta * bias and would propagate them).
   rule.lower = [lhs, rhs, bias, k](LocalBuilder& b, const std::vector<LocalValue>& ops) {
-    const ir::Arg beta = b.node_arg(3);
-    const bool no_bias = beta.is_scalar() && !beta.dynamic && beta.ScalarValue() == 0.0;
-    if (b.factor_axes()[k].empty() && !no_bias) return b.EmitNodeOp(ops);
-    const ir::Node& n = b.node();
-    bool batched = n.output(0).rank() == 3;
-    const char* mm = batched ? "aten::bmm" : "aten::mm";
-    std::vector<ir::ArgSchema> mm_schema = {{"self", ir::ArgType::kTensor}, {"mat2", ir::ArgType::kTensor}};
-    const Sharding& layout = b.result_layout(0);
-    TensorType local{n.output(0).dtype, LocalShape(n.output(0).shape, layout)};
-    LocalValue prod = b.EmitOp(mm, mm_schema, {ops[lhs].value, ops[rhs].value},
-                               {ir::Arg::Tensor(0), ir::Arg::Tensor(1)}, local, layout, n.output(0));
-    const bool keep_partial = IsFloatingPoint(n.output(0).dtype);
-    if (!keep_partial) prod = b.Resolve(prod);
-    if (no_bias) {
-      return std::vector<LocalValue>{b.EmitOp(
-          "aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
-          {prod.value}, {ir::Arg::Tensor(0), b.node_arg(4)}, prod.value.type(), prod.layout,
-          n.output(0))};
-    }
-    // add(bias * beta [/ n], prod, alpha).
-    ir::Value bias_v = ops[bias].value;
-    ir::Arg bias_scale = beta;
-    if (keep_partial) {
-      double n_members = static_cast<double>(AxesSize(b.mesh(), b.factor_axes()[k]));
-      ir::Arg s = ir::Arg::ScalarDouble((beta.is_scalar() ? beta.ScalarValue() : 1.0) / n_members);
-      if (beta.is_scalar() && beta.dynamic) {
-        // A run-time beta: scale by 1/n here, by beta below.
-        bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
-                          {bias_v}, {ir::Arg::Tensor(0), beta}, bias_v.type(), ops[bias].layout,
-                          ops[bias].global).value;
-        s.d = 1.0 / n_members;
-      }
-      bias_scale = s;
-    }
-    if (bias_scale.is_scalar() && (bias_scale.dynamic || bias_scale.ScalarValue() != 1.0)) {
-      bias_v = b.EmitOp("aten::mul.Scalar", {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kScalar}},
-                        {bias_v}, {ir::Arg::Tensor(0), bias_scale}, bias_v.type(), ops[bias].layout,
-                        ops[bias].global).value;
-    }
-    LocalValue out = b.EmitOp(
-        "aten::add.Tensor",
-        {{"self", ir::ArgType::kTensor}, {"other", ir::ArgType::kTensor}, {"alpha", ir::ArgType::kScalar}},
-        {bias_v, prod.value}, {ir::Arg::Tensor(0), ir::Arg::Tensor(1), b.node_arg(4)}, prod.value.type(),
-        prod.layout, n.output(0));
-    return std::vector<LocalValue>{out};
+    return LowerBiasedContraction(b, ops, lhs, rhs, bias, k);
   };
   return rule;
 }

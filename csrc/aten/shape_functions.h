@@ -1,0 +1,19 @@
+// Shape functions (named_ops.cc says which op each serves) for ops whose torch 2.x meta kernel
+// disagrees with the CPU kernel the devices run, and meta kernels for the fused optimizer steps
+// torch ships none for.
+#pragma once
+#include "aten/op_plan.h"
+
+namespace spmd::aten {
+
+std::vector<TensorType> NativeBatchNorm(const c10::OperatorHandle& op,
+                                        const std::vector<c10::IValue>& meta_args);
+std::vector<TensorType> NativeLayerNorm(const c10::OperatorHandle& op,
+                                        const std::vector<c10::IValue>& meta_args);
+std::vector<TensorType> FlashAttentionForCpu(const c10::OperatorHandle& op,
+                                             const std::vector<c10::IValue>& meta_args);
+
+// Registers a meta kernel for each fused optimizer step (_fused_sgd, ...) that has none.
+void RegisterMissingMetaKernels();
+
+}  // namespace spmd::aten
