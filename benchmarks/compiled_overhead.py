@@ -62,7 +62,7 @@ def measure(mode: str) -> dict:
     # rest is dynamo's guards, AOTAutograd's runtime wrappers and the autograd engine).
     inside = [0.0]
     if mode != "lazy":
-        from torch_spmd import _dynamo_support
+        from torch_spmd._torch_patches import dynamo as _dynamo_support
         depth = [0]
 
         def timed(call):

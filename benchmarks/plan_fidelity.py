@@ -788,7 +788,7 @@ def table(rows: List[dict]) -> str:
 
 
 NOTES = """\
-Constants fitted on these rows, at most two per preset (torch_spmd/_hardware.py):
+Constants fitted on these rows, at most two per preset (torch_spmd/_impl/hardware.py):
 `a100-80gb` `matmul_efficiency` 0.63 and `kernel_overhead` 48 us (vTrain's runs; refitted
 with the Megatron runs planned as they reduce gradients, after the backward: 0.63 and 0.66 both
 9.2% over the 724 A100 rows at 48 us, 44 us 9.7%, 52 us 11.9%); `tpu-v4` 0.76; `tpu-v5e` 0.85, `tpu-v5p` 0.86, `tpu-v6e`

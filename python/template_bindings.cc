@@ -1,4 +1,4 @@
-// Replay of compiled regions (aten/graph_template.h): torch_spmd/_dynamo_support.py's backends
+// Replay of compiled regions (aten/graph_template.h): torch_spmd/_torch_patches/dynamo.py's backends
 // capture a compiled graph's first run and instantiate it on later calls.
 #include "bindings.h"
 

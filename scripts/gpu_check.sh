@@ -6,7 +6,7 @@
 #   install.log    `pip install --no-build-isolation .` against the machine's own CUDA build of
 #                  torch (a user's install), then torch_spmd next to a live CUDA device: tensors
 #                  moved cuda <-> spmd, a sharded step equal to the same step on the GPU (its
-#                  backward run before torch_spmd is imported: torch_spmd/_cuda_autograd.py), the
+#                  backward run before torch_spmd is imported: torch_spmd/_torch_patches/cuda_autograd.py), the
 #                  demo and the smoke tests against the installed package.
 # Then, here: python benchmarks/gpu_check.py --compare gpu.json --write
 set -u
@@ -36,7 +36,7 @@ torch.manual_seed(0)
 x = torch.randn(64, 32, device="cuda")
 w = torch.randn(32, 16, device="cuda", requires_grad=True)
 ref = (x @ w).relu().sum()
-ref.backward()  # before torch_spmd is imported (see torch_spmd/_cuda_autograd.py)
+ref.backward()  # before torch_spmd is imported (see torch_spmd/_torch_patches/cuda_autograd.py)
 import torch_spmd
 import torch_spmd.core.xla_model as xm
 import torch_spmd.distributed.spmd as xs

@@ -26,7 +26,7 @@ import threading
 import torch
 
 from . import _C
-from ._device import is_spmd_tensor
+from ._impl.device import is_spmd_tensor
 
 __all__ = ["offload", "place_to_host", "place_to_device"]
 

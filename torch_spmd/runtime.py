@@ -18,8 +18,9 @@ import os
 from typing import Iterator, Optional, Union
 
 from . import _C
-from . import _hardware
-from . import _world as world_state
+from ._impl import hardware as _hardware
+from ._impl import world as world_state
+from ._impl.device import configure_devices  # noqa: F401  (xr.configure_devices)
 
 # The env var PyTorch/XLA keeps SPMD mode in: use_spmd() sets it and is_spmd() reads it, as
 # upstream's do, so code that sets or clears it (upstream's tests do) sees the same state.
@@ -44,7 +45,7 @@ def use_spmd(auto: Optional[bool] = False, hardware: Union[str, dict] = "tpu-v4"
     os.environ[_XLA_USE_SPMD] = "1"
     # A process a launcher started as one of several (torchrun, spawn_spmd) owns its slice of
     # the global devices, as a host of a multi-host pod does.
-    from . import _process_span
+    from ._impl import process_span as _process_span
     if _process_span.launched_with_several_processes() and world_state.current() is None:
         _process_span.init()
 
@@ -144,26 +145,6 @@ def runtime_device_attributes(device: Union[str, int]) -> dict:
 def global_runtime_device_attributes() -> list:
     """Attributes of every emulated device, in ordinal order."""
     return [runtime_device_attributes(i) for i in range(global_runtime_device_count())]
-
-
-def configure_devices(num_devices: int, memory: Union[int, str, None] = None) -> None:
-    """Replaces the emulated device set: ``num_devices`` devices of ``memory`` bytes each.
-
-    ``memory`` is a byte count or text such as ``'16GiB'`` / ``'512MB'``; ``None`` uses
-    ``SPMD_DEVICE_MEMORY`` (default ``16GiB``). Fails (RuntimeError) while any device buffer is
-    live, because existing shards could not be mapped onto the new devices. Meshes built for the
-    old device count become unusable. Clears the compile cache.
-    """
-    if memory is None:
-        memory = os.environ.get("SPMD_DEVICE_MEMORY", "16GiB")
-    if isinstance(memory, str):
-        memory = _C._parse_bytes(memory)
-    if isinstance(memory, bool) or not isinstance(memory, int):
-        raise TypeError(f"memory must be an int (bytes) or a string like '16GiB', got {memory!r}")
-    # Compiled programs were partitioned for the old devices, and cached graphs can still hold
-    # device buffers of their first inputs, which would block the reconfiguration.
-    _C._clear_compile_cache()
-    _C._configure_devices(int(num_devices), memory)
 
 
 def local_process_count() -> int:

@@ -64,7 +64,7 @@ class GraphTemplate {
   std::optional<std::vector<at::Tensor>> Instantiate(const std::vector<at::Tensor>& inputs) const;
 
   // Values handed from one instantiation to another without becoming tensors: a forward's
-  // activations, which only its backward reads (torch_spmd/_dynamo_support.py's lean
+  // activations, which only its backward reads (torch_spmd/_torch_patches/dynamo.py's lean
   // autograd function). Saves making, wrapping and unwrapping a tensor per activation.
   using Values = std::vector<ir::Value>;
   // Instantiate, returning the outputs `returned` (indices) as tensors and the values `kept`

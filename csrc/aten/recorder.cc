@@ -107,7 +107,8 @@ bool RecordedOffMainThread() { return g_recorded_off_main.load(std::memory_order
 
 void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   RegisterPendingCustomOps();  // custom ops a library registered since (custom_ops.cc)
-  // torch's autograd runs device backward on a worker thread (see torch_spmd/_autograd_exit.py).
+  // torch's autograd runs device backward on a worker thread (see
+  // torch_spmd/_torch_patches/autograd_exit.py).
   if (std::this_thread::get_id() != g_import_thread)
     g_recorded_off_main.store(true, std::memory_order_relaxed);
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());

@@ -1,4 +1,4 @@
-"""spmd backward passes run on the calling thread (torch_spmd/_autograd_thread.py), for that
+"""spmd backward passes run on the calling thread (torch_spmd/_torch_patches/autograd_thread.py), for that
 backward only: the engine's multithreading setting is what it was afterwards, also after a
 failed backward, and a user's own setting is kept."""
 import threading

@@ -1,4 +1,4 @@
-"""torch.compile on spmd tensors (torch_spmd/_dynamo_support.py): dynamo fakifies them, the
+"""torch.compile on spmd tensors (torch_spmd/_torch_patches/dynamo.py): dynamo fakifies them, the
 `openxla` backend runs each captured graph's outputs at the call, `spmd` leaves them to the
 step; both train equal to CPU eager under sharding. dynamo_mark_sharding and
 MarkShardingFunction (through AOTAutograd) annotate inside compiled regions as outside."""
@@ -219,7 +219,7 @@ def test_lean_calls_keep_autograd_semantics(mesh):
     function (activations kept as IR values): an integer output stays non-differentiable, an
     unused output's gradient is not needed, retain_graph lets the backward run twice (the kept
     activations read again), and the gradients equal CPU eager's."""
-    from torch_spmd import _dynamo_support
+    from torch_spmd._torch_patches import dynamo as _dynamo_support
 
     def f(model, x):
         y = model(x)

@@ -385,7 +385,7 @@ def _netns(*args):
 def two_hosts():
     """Namespaces spmd_h0 (10.77.0.1) and spmd_h1 (10.77.0.2) with a veth link; None (skip)
     where network namespaces cannot be made (not root, no iproute2)."""
-    from torch_spmd.distributed._process_world import tcpstore_has_libuv
+    from torch_spmd._impl.process_world import tcpstore_has_libuv
     if not tcpstore_has_libuv():
         pytest.skip("torchrun cannot start on a torch built without libuv (pytorch#148283)")
     names = [f"spmd_h{i}_{os.getpid()}" for i in range(2)]

@@ -21,7 +21,7 @@ import torch_spmd  # noqa: F401
 import torch_spmd.core.xla_model as xm
 import torch_spmd.distributed as tsd
 import torch_spmd.distributed.xla_multiprocessing as xmp
-from torch_spmd.distributed._process_world import tcpstore_has_libuv
+from torch_spmd._impl.process_world import tcpstore_has_libuv
 
 # Minutes of work (processes, examples, sweeps): scripts/test.sh runs it, plain pytest does not.
 pytestmark = pytest.mark.slow

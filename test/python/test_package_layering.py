@@ -102,3 +102,53 @@ def test_cpp_layers_include_only_layers_below_and_the_runtime_no_rules():
                         bad.append(f"{os.path.relpath(path, CSRC)}: {line.strip()}")
     assert checked > 300, checked  # the walk found the sources
     assert not bad, "includes against the layering:\n" + "\n".join(bad)
+
+
+# The Python package's floors, lowest first (docs/architecture.md): a module imports only from
+# its own floor or those below (module level and function level alike). A name with "=" is that
+# module alone (a package's __init__, which every import of the package runs); otherwise the
+# name and everything under it. A module is on the floor of its longest match.
+FLOORS = (
+    # The device, the state of the process and its world, the presets: what every layer reads.
+    ("private", ("torch_spmd._C", "torch_spmd._impl", "torch_spmd.device_module",
+                 "=torch_spmd._torch_patches")),
+    # xr: the device set, plan mode and memory APIs.
+    ("runtime", ("torch_spmd.runtime", "torch_spmd.memory", "torch_spmd.amp")),
+    # The sharding annotations (the package's __init__ is only the multi-process entry points).
+    ("sharding", ("torch_spmd.distributed.spmd", "=torch_spmd.distributed")),
+    # xm: steps, collectives, devices.
+    ("xm", ("torch_spmd.core",)),
+    # Training on top of xm and the annotations: FSDP, data parallel, checkpoints, loaders.
+    ("training", ("torch_spmd.distributed", "torch_spmd.utils")),
+    # Reading the programs: plans, reports, debugging views.
+    ("planning", ("torch_spmd.plan", "torch_spmd.debug")),
+    # What assembles the others: pipelines, the experimental and torch_xla-compatible APIs, the
+    # integrations with torch (its patches), the package itself.
+    ("assembly", ("torch_spmd", "torch_spmd.distributed.pipeline", "torch_spmd.experimental",
+                  "torch_spmd.xla", "torch_spmd._torch_patches")),
+)
+
+
+def _floor_of(module):
+    best, floor = -1, None
+    for index, (_, names) in enumerate(FLOORS):
+        for name in names:
+            exact = name.startswith("=")
+            name = name.lstrip("=")
+            matches = module == name or (not exact and module.startswith(name + "."))
+            weight = len(name) * 2 + exact  # longest first; an exact name over its prefix
+            if matches and weight > best:
+                best, floor = weight, index
+    return floor
+
+
+def test_no_import_runs_up_a_floor():
+    mods = _modules()
+    assert all(_floor_of(m) is not None for m in mods)
+    up = []
+    for m, path in sorted(mods.items()):
+        for target in sorted(_imports(m, path, mods)):
+            if target.startswith("torch_spmd") and _floor_of(target) > _floor_of(m):
+                up.append(f"{m} ({FLOORS[_floor_of(m)][0]}) imports {target} "
+                          f"({FLOORS[_floor_of(target)][0]})")
+    assert not up, "imports up a floor:\n" + "\n".join(up)

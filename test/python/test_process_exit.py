@@ -1,4 +1,4 @@
-"""A process that ran a backward pass on the device exits cleanly (see torch_spmd/_autograd_exit.py:
+"""A process that ran a backward pass on the device exits cleanly (see torch_spmd/_torch_patches/autograd_exit.py:
 without the drain, torch's autograd device thread aborted about every other such process at
 interpreter shutdown). backward() runs spmd backward passes on the calling thread
 (_autograd_thread.py); one started on the engine directly still uses the device thread."""

@@ -164,7 +164,7 @@ def test_custom_ops_writing_into_views_run_functionalized(order):
 def test_the_cuda_autograd_conflict_is_explained_and_other_errors_pass_through():
     # torch >= 2.8 fails any CUDA backward once a PrivateUse1 device is registered (an internal
     # assert); the wrapper names the cause and the way out. No GPU here: the translation itself.
-    from torch_spmd import _cuda_autograd
+    from torch_spmd._torch_patches import cuda_autograd as _cuda_autograd
     internal = RuntimeError('opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED at '
                             '"/pytorch/torch/csrc/autograd/engine.cpp":1084')
     clear = _cuda_autograd.explain(internal)

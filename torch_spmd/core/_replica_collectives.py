@@ -23,8 +23,8 @@ of it.) With a single replica the collectives are clones and scalings, different
 import torch
 
 from .. import _C
-from .._device import is_spmd_tensor
-from ..distributed import _process_world
+from .._impl.device import is_spmd_tensor
+from .._impl import process_world as _process_world
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"

@@ -4,13 +4,13 @@ import sys
 import torch
 
 from .. import _C
-from .. import _step
+from .._impl import step as _step
 from .. import runtime
-from .._device import device as _device
-from .._device import is_spmd_tensor
-from .._optimization_barrier import optimization_barrier_  # noqa: F401  (the xm API)
+from .._impl.device import device as _device
+from .._impl.device import is_spmd_tensor
+from .._impl.barriers import optimization_barrier_  # noqa: F401  (the xm API)
 from ..distributed.spmd.xla_sharded_tensor import XLAShardedTensor
-from ..distributed import _process_world
+from .._impl import process_world as _process_world
 from ._replica_collectives import (  # noqa: F401  (the xm collectives API)
     REDUCE_AND, REDUCE_MAX, REDUCE_MIN, REDUCE_MUL, REDUCE_OR, REDUCE_SUM, all_gather,
     all_reduce, all_to_all, reduce_scatter, rendezvous)
@@ -181,7 +181,7 @@ def _send_to_device(datas, input_sharding):
         if not spec.minibatch or runtime.process_count() == 1 or t.dim() == 0 or \
                 _C._process_span() is None:
             return t
-        from .. import _process_span
+        from .._impl import process_span as _process_span
         return _process_span.global_batch_from_local(t, spec.xla_spec(t))
 
     return map_tensors(datas, select, convert)

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from .. import _step
+from .._impl import step as _step
 
 _TRACER_MARKED_STEP: bool = False
 

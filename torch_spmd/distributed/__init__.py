@@ -8,8 +8,8 @@ multi-process world with ``init_multiprocess()``, PyTorch/XLA's
 """
 from typing import Optional
 
-from . import _process_world
-from .. import _process_span
+from .._impl import process_world as _process_world
+from .._impl import process_span as _process_span
 
 
 def init_multiprocess(timeout: Optional[float] = None) -> None:

@@ -14,7 +14,7 @@ the emulated devices share the host's memory, so there is no transfer to overlap
 """
 import torch
 
-from .._device import device as _spmd_device
+from .._impl.device import device as _spmd_device
 from ..core import xla_model as xm
 
 

@@ -18,7 +18,7 @@ import os
 import torch.distributed as dist
 
 from .. import runtime
-from . import _process_world
+from .._impl import process_world as _process_world
 
 def _xla_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30),
                     **kwargs):

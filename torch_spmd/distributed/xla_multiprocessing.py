@@ -28,8 +28,8 @@ import traceback
 
 import torch.distributed as dist
 
-from . import _process_world
-from .. import _process_span
+from .._impl import process_world as _process_world
+from .._impl import process_span as _process_span
 
 # Seconds between asking the surviving processes to stop (SIGTERM) and killing them.
 _TERMINATE_GRACE = 5.0
@@ -103,7 +103,7 @@ def _replica_envs(nprocs, spmd=False):
             "LOCAL_WORLD_SIZE": str(local_launchers * nprocs),
         })
         if spmd:
-            # The global device count, split over the processes (torch_spmd._process_span).
+            # The global device count, split over the processes (torch_spmd._impl.process_span).
             envs[-1]["SPMD_NUM_DEVICES"] = os.environ.get("SPMD_NUM_DEVICES", "8")
             envs[-1][_SPMD_WORLD_ENV] = "1"
         else:

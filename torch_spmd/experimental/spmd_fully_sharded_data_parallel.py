@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .. import _C
-from .._device import device as _spmd_device
+from .._impl.device import device as _spmd_device
 from ..distributed import spmd
 from ..distributed.wrap import check_wrappable, recursive_wrap
 

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from torch_spmd import _C
-from torch_spmd import _device
+from torch_spmd._impl import device as _device
 from torch_spmd import debug as _debug
 from torch_spmd import runtime as _xr
 from torch_spmd.core import xla_model as _xm

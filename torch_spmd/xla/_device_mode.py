@@ -11,7 +11,7 @@ modes are per thread), costs a Python call per torch function, and is installed 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torch_spmd import _device
+from torch_spmd._impl import device as _device
 
 
 def _is_xla(v) -> bool:

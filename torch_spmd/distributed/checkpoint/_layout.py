@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from ... import _C
-from ... import _process_span
+from ..._impl import process_span as _process_span
 # Every device's shard of a sharding (shared with the minibatch upload, which is below this).
-from ..._tiles import Box, DeviceShard, device_shards  # noqa: F401
+from ..._impl.tiles import Box, DeviceShard, device_shards  # noqa: F401
 
 
 def is_tiled(sharding: str) -> bool:

@@ -3,7 +3,7 @@ import torch
 
 from ... import _C
 from ...core import xla_model as xm
-from ..._device import is_spmd_tensor
+from ..._impl.device import is_spmd_tensor
 
 
 def prime_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

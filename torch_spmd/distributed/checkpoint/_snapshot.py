@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 import torch
 
 from ... import _C
-from ..._device import is_spmd_tensor
+from ..._impl.device import is_spmd_tensor
 from ..spmd.xla_sharding import unwrap_sharded_tensor
 from . import _layout
 from ._state_dict import flatten

@@ -51,8 +51,8 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
                                                   WriteItem, WriteItemType)
 
 from ... import _C
-from ... import _process_span
-from ..._device import is_spmd_tensor
+from ..._impl import process_span as _process_span
+from ..._impl.device import is_spmd_tensor
 from ..spmd.xla_sharding import unwrap_sharded_tensor
 from . import _layout
 

@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parameter import Parameter
 
-from ..._device import device as _spmd_device
+from ..._impl.device import device as _spmd_device
 from ... import runtime as xr
 from ...core import xla_model as xm
 from ...utils.checkpoint import chkpt_status

@@ -1,7 +1,7 @@
 """``apply_backward_optimization_barrier`` (PyTorch/XLA's ``xs`` API, used by FSDPv2)."""
 import torch
 
-from ..._optimization_barrier import optimization_barrier_
+from ..._impl.barriers import optimization_barrier_
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:

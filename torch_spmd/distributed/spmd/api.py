@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..._device import device as _spmd_device
+from ..._impl.device import device as _spmd_device
 from ... import runtime as xr
 from ._sharding_type import ShardingType
 from .mesh import Mesh

@@ -17,8 +17,8 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ... import _C
-from ... import _process_span
-from ..._device import is_spmd_tensor
+from ..._impl import process_span as _process_span
+from ..._impl.device import is_spmd_tensor
 from ...runtime import device_type
 from ._sharding_type import ShardingType, sharding_type_of_spec
 

@@ -8,7 +8,7 @@ from typing import Any, List, Optional, Union
 import torch
 
 from ... import _C
-from ..._device import is_spmd_tensor
+from ..._impl.device import is_spmd_tensor
 from ... import runtime as xr
 from . import _partition_spec
 from ._partition_spec import PartitionSpec, _get_sharding_type  # noqa: F401

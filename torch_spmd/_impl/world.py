@@ -1,6 +1,6 @@
 """Which multi-process world this process is a replica of: None outside multi-process mode.
 
-State only, so that everything may read it: ``torch_spmd.distributed._process_world`` joins and
+State only, so that everything may read it: ``torch_spmd._impl.process_world`` joins and
 leaves worlds (it sets this), ``runtime`` (xr) and ``xm`` read it.
 """
 import threading

@@ -9,7 +9,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from . import _C
+from .. import _C
 
 Box = Tuple[Tuple[int, ...], Tuple[int, ...]]
 

@@ -1,10 +1,13 @@
-"""The spmd device object and the step boundary."""
+"""The spmd device object, the emulated device set behind it, and the step boundary."""
+import os
+from typing import Union
+
 import torch
 
-from . import _C
-from . import _step
+from .. import _C
+from . import step as _step
 
-from . import device_module
+from .. import device_module
 
 _BACKEND_NAME = "spmd"
 
@@ -49,3 +52,23 @@ def is_spmd_tensor(t) -> bool:
 def sync() -> None:
     """Executes everything recorded so far as one graph (``xm.mark_step()``)."""
     _step.mark_step()
+
+
+def configure_devices(num_devices: int, memory: Union[int, str, None] = None) -> None:
+    """Replaces the emulated device set: ``num_devices`` devices of ``memory`` bytes each.
+
+    ``memory`` is a byte count or text such as ``'16GiB'`` / ``'512MB'``; ``None`` uses
+    ``SPMD_DEVICE_MEMORY`` (default ``16GiB``). Fails (RuntimeError) while any device buffer is
+    live, because existing shards could not be mapped onto the new devices. Meshes built for the
+    old device count become unusable. Clears the compile cache.
+    """
+    if memory is None:
+        memory = os.environ.get("SPMD_DEVICE_MEMORY", "16GiB")
+    if isinstance(memory, str):
+        memory = _C._parse_bytes(memory)
+    if isinstance(memory, bool) or not isinstance(memory, int):
+        raise TypeError(f"memory must be an int (bytes) or a string like '16GiB', got {memory!r}")
+    # Compiled programs were partitioned for the old devices, and cached graphs can still hold
+    # device buffers of their first inputs, which would block the reconfiguration.
+    _C._clear_compile_cache()
+    _C._configure_devices(int(num_devices), memory)

@@ -33,7 +33,7 @@ from typing import List, NamedTuple, Tuple
 
 import torch
 
-from . import _C
+from .. import _C
 
 _installed = False
 
@@ -437,7 +437,7 @@ def _register_backends() -> None:
     import sys
     from torch._dynamo.backends import registry
     registry._lazy_import()  # torch's own backends first ("openxla" among them)
-    from . import xla
+    from .. import xla
     # (Under torch_spmd.xla.install(), `torch_xla` resolves to torch_spmd's own modules, and
     # install() refuses to run where a real torch_xla exists.)
     real_torch_xla = not xla.is_installed() and (
@@ -477,7 +477,7 @@ def _define_dynamo_mark_sharding() -> None:
                              axis_names: str, partition_spec: str) -> torch.Tensor:
         from torch._subclasses.fake_tensor import is_fake
         if input.device.type == "spmd" and not is_fake(input):
-            from .distributed.spmd import Mesh, mark_sharding
+            from ..distributed.spmd import Mesh, mark_sharding
             mesh = Mesh(device_ids, tuple(mesh_shape), ast.literal_eval(axis_names))
             mark_sharding(input, mesh, ast.literal_eval(partition_spec))
         # (A copy: a custom op's result may not alias its input. The copy of the annotated

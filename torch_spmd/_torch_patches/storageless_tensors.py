@@ -27,7 +27,7 @@ import weakref
 
 import torch
 
-from ._device import is_spmd_tensor
+from .._impl.device import is_spmd_tensor
 
 _orig_repr = torch.Tensor.__repr__
 _orig_reduce_ex = torch.Tensor.__reduce_ex__
@@ -132,7 +132,7 @@ def _to_device_tree(obj, memo):
     if isinstance(obj, torch.Tensor):
         if obj.device.type == "cpu" and (obj.untyped_storage().data_ptr() in _restored_for_device
                                          or (obj.numel() == 0 and _restored_for_device)):
-            from ._device import device
+            from .._impl.device import device
             with torch.no_grad():
                 moved = obj.detach().to(device())
             if isinstance(obj, torch.nn.Parameter):
@@ -229,14 +229,14 @@ _orig_tensor_data_ptr = torch.Tensor.data_ptr
 
 def _spmd_storage_data_ptr(self):
     if self.device.type == "spmd":
-        from . import _C
+        from .. import _C
         return _C._storage_address(self._cdata)
     return _orig_storage_data_ptr(self)
 
 
 def _spmd_tensor_data_ptr(self):
     if self.device.type == "spmd" and torch._is_functional_tensor(self):
-        from . import _C
+        from .. import _C
         _C._storage_address(self.untyped_storage()._cdata)  # the offset is torch's to add
     return _orig_tensor_data_ptr(self)
 
@@ -256,7 +256,7 @@ class _SaveOnCpu(_orig_save_on_cpu):
 
         def pack_hook(t):
             if is_spmd_tensor(t):
-                from .memory import _pack_for_host
+                from ..memory import _pack_for_host
                 return (_SaveOnCpu, _pack_for_host(t))
             return pack(t)
 

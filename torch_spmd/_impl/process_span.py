@@ -16,9 +16,10 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from . import _C
-from . import _dist_env
-from . import _world as world_state
+from .. import _C
+from . import launcher_env as _dist_env
+from . import world as world_state
+from .device import configure_devices
 
 _DEFAULT_DEVICES = 8
 _DEFAULT_MEMORY = "16GiB"
@@ -111,8 +112,7 @@ def _join(count: int) -> None:
     local = devices // count
     memory = _C._memory_info(0)["bytes_limit"]
     if _C._num_devices() != local or memory != settings["SPMD_DEVICE_MEMORY"]:
-        _C._clear_compile_cache()  # as xr.configure_devices does (runtime is above this)
-        _C._configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
+        configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
     _C._install_process_span(dist.distributed_c10d._get_default_group(), local)
     _share_cores()
 
@@ -164,7 +164,7 @@ def global_batch_from_local(local, sharding: str):
     over the axes that span processes)."""
     import torch
 
-    from ._tiles import device_shards
+    from .tiles import device_shards
     index, count, _ = _C._process_span()
     rows = local.shape[0]
     shape = (rows * count,) + tuple(local.shape[1:])

@@ -13,11 +13,11 @@ import os
 import torch.distributed as dist
 
 from .. import _C
-from .. import _world as world_state
-from .. import runtime
+from . import world as world_state
+from .device import configure_devices
 
 # The launcher's environment and torch.distributed's rendezvous (shared with multi-process SPMD).
-from .._dist_env import (LAUNCHER_ENV, TIMEOUT_ENV, env_init_method,  # noqa: F401
+from .launcher_env import (LAUNCHER_ENV, TIMEOUT_ENV, env_init_method,  # noqa: F401
                          tcpstore_has_libuv, timeout_seconds)
 
 
@@ -92,7 +92,7 @@ def init(rank: int, world_size: int, local_rank: int, local_world_size: int,
         # its rank. The device set is created lazily, so this only fails if the process made
         # spmd tensors before joining the world.
         if _C._num_devices() != 1:
-            runtime.configure_devices(1)
+            configure_devices(1)
         owns_group = not dist.is_initialized()
         if owns_group:
             dist.init_process_group(
@@ -123,7 +123,7 @@ def join_when_initialized(rank: int, world_size: int) -> None:
             raise RuntimeError(f"this process is already replica {world.rank} of "
                                f"{world.world_size} of a multi-process world")
         if _C._num_devices() != 1:
-            runtime.configure_devices(1)
+            configure_devices(1)
 
         def join() -> bool:
             if not dist.is_initialized():

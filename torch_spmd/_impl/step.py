@@ -1,6 +1,6 @@
 """The step boundary: runs everything recorded so far as one graph, then the step closures
 (``xm.add_step_closure``). Below both ``torch_spmd.sync`` and ``xm.mark_step``."""
-from . import _C
+from .. import _C
 
 _closures = []
 

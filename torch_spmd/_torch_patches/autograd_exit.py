@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from . import _C
-from ._device import device
+from .. import _C
+from .._impl.device import device
 
 def _drain_autograd_worker() -> None:
     # Only if the worker exists: starting it now would race with finalization itself.
