@@ -37,6 +37,7 @@ plan::Hardware HardwareFromDict(const py::dict& d) {
   };
   hw.peak_flops_bf16 = num("peak_flops_bf16");
   hw.peak_flops_fp32 = num("peak_flops_fp32", hw.peak_flops_bf16);
+  hw.peak_flops_fp8 = num("peak_flops_fp8", 0);
   hw.matmul_efficiency = num("matmul_efficiency", 1);
   hw.matmul_tile = static_cast<int64_t>(num("matmul_tile"));
   hw.matrix_units = static_cast<int64_t>(num("matrix_units"));

@@ -40,12 +40,12 @@ bool RunsOnHost(const OpPlan& plan, const ir::Node& node) {
   if (!any_data) return false;
   partition::RulePtr rule = partition::GetRule(node);
   const bool reshapes_or_joins =
-      rule && (rule->joins || rule->view == ViewKind::kReshape ||
-               rule->view == ViewKind::kPermute || rule->view == ViewKind::kSubset);
+      rule && (rule->algebra.joins || rule->executor.view == ViewKind::kReshape ||
+               rule->executor.view == ViewKind::kPermute || rule->executor.view == ViewKind::kSubset);
   if (!any_pending) return reshapes_or_joins || from_bookkeeping;
   // A join that grows known data by pending values: those are synced first (not in plan mode,
   // where that would plan a step per bookkeeping op).
-  return !runtime::Planning() && rule && rule->joins;
+  return !runtime::Planning() && rule && rule->algebra.joins;
 }
 
 std::vector<ir::Value> ComputeOnHost(const OpPlan& plan, c10::ArrayRef<c10::IValue> args) {

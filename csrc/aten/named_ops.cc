@@ -46,6 +46,7 @@ const Table& NamedOps() {
       {"aten::native_batch_norm", {.shape = NativeBatchNorm, .hidden_writes = {3, 4}}},
       {"aten::native_layer_norm", {.shape = NativeLayerNorm}},
       {"aten::_scaled_dot_product_flash_attention_for_cpu", {.shape = FlashAttentionForCpu}},
+      {"aten::_scaled_mm", {.shape = ScaledMm}},
       // Functionalization (backend.cc). detach: its composite kernel (a shallow copy sharing
       // its slot) is kept, and functionalization's detach copies or aliases.
       {"aten::detach", {.keeps_composite_kernel = true, .functionalize = FunctionalizeFix::kDetach}},

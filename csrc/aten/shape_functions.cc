@@ -1,6 +1,6 @@
 // Shape functions for ops whose torch 2.x meta kernel disagrees with the CPU kernel the
 // devices run (eval-mode native_batch_norm's saved stats, bf16 native_layer_norm's stats,
-// torch 2.6's float64 flash attention logsumexp), and meta kernels for the fused optimizer
+// torch 2.6's float64 flash attention logsumexp, _scaled_mm's cuBLASLt constraints), and meta kernels for the fused optimizer
 // steps torch ships none for.
 //
 // (torch 1.13 needed about twenty more: missing meta kernels for backward ops, wrong dtypes for
@@ -54,6 +54,21 @@ std::vector<TensorType> FlashAttentionForCpu(const c10::OperatorHandle& op,
   std::vector<TensorType> out = MetaTypes(op, a);
   out[1].dtype = runtime::FromScalarType(at::toOpMathType(a[0].toTensor().scalar_type()));
   return out;
+}
+
+// _scaled_mm(self [m,k], mat2 [k,n], ..., out_dtype): [m,n] of out_dtype (else self's dtype).
+// torch's meta kernel checks cuBLASLt's constraints (a column-major mat2, dims divisible by 16),
+// which the CPU kernel does not have; a shape it cannot multiply is left to that kernel (the
+// recorder then runs it eagerly, and it raises).
+std::vector<TensorType> ScaledMm(const c10::OperatorHandle& op,
+                                 const std::vector<c10::IValue>& a) {
+  const at::Tensor& self = a[0].toTensor();
+  const at::Tensor& mat2 = a[1].toTensor();
+  TORCH_CHECK(self.dim() == 2 && mat2.dim() == 2 && self.size(1) == mat2.size(0),
+              op.schema().name(), ": self ", self.sizes(), " and mat2 ", mat2.sizes(),
+              " cannot be multiplied");
+  const at::ScalarType out = a[6].isNone() ? self.scalar_type() : a[6].toScalarType();
+  return {TensorType{runtime::FromScalarType(out), {self.size(0), mat2.size(1)}}};
 }
 
 namespace {

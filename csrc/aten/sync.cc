@@ -148,7 +148,7 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
   // differently from eager.
   auto is_view = [](const ir::Node& n) {
     partition::RulePtr rule = partition::GetRule(n);
-    return rule && rule->view != partition::ViewKind::kNone;
+    return rule && rule->executor.view != partition::ViewKind::kNone;
   };
   std::vector<SlotPtr> slots = requested;
   for (SlotPtr& s : others)

@@ -132,8 +132,8 @@ double ElementFlops(const std::vector<TensorType>& results) {
 
 double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
                  const std::vector<TensorType>& results) {
-  if (!rule.flops_per_point) return ElementFlops(results);
-  double points = *rule.flops_per_point;
+  if (!rule.cost.flops_per_point) return ElementFlops(results);
+  double points = *rule.cost.flops_per_point;
   for (size_t f = 0; f < rule.factors.size(); ++f) {
     const int64_t tiles = f < fa.size() && !fa[f].empty() ? AxesSize(mesh, fa[f]) : 1;
     points *= static_cast<double>((rule.factors[f].size + tiles - 1) / tiles);  // padded tile
@@ -141,7 +141,16 @@ double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& f
   return points;
 }
 
-bool IsPointwise(const ShardingRule& rule) { return rule.elementwise && !rule.flops_per_point; }
+DType ComputeDType(const ir::Node& n, const ShardingRule* rule) {
+  const int operand = rule ? rule->cost.compute_dtype_operand : -1;
+  if (operand >= 0 && operand < static_cast<int>(n.inputs().size()))
+    return n.input(operand).type().dtype;
+  return n.num_outputs() > 0 ? n.output(0).dtype : DType::kUndefined;
+}
+
+bool IsPointwise(const ShardingRule& rule) {
+  return rule.executor.elementwise && !rule.cost.flops_per_point;
+}
 
 GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa) {
   if (rule.results.size() != 1) return {};
@@ -178,8 +187,8 @@ GemmShape ContractionShape(const ShardingRule& rule, const Mesh& mesh, const Fac
 void SetRuleCost(OpCost& c, const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
                  const std::vector<TensorType>& local) {
   c.flops = RuleFlops(rule, mesh, fa, local);
-  c.contraction = rule.flops_per_point && *rule.flops_per_point > 0;
-  c.view = rule.view != ViewKind::kNone;
+  c.contraction = rule.cost.flops_per_point && *rule.cost.flops_per_point > 0;
+  c.view = rule.executor.view != ViewKind::kNone;
   if (!c.contraction) return;
   const GemmShape g = ContractionShape(rule, mesh, fa);
   c.gemm_m = g.m;

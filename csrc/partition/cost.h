@@ -36,7 +36,7 @@ int64_t PeakBytesPerDevice(const Program& program, int64_t* at_node = nullptr,
                            const std::vector<bool>* donated = nullptr);
 
 // FLOPs of an op whose rule is `rule`, each factor split over the mesh axes `fa` assigns it
-// (FactorAxes of empty lists: the whole op): rule.flops_per_point per point of the iteration
+// (FactorAxes of empty lists: the whole op): rule.cost.flops_per_point per point of the iteration
 // space, or one per element of `results` (the result types with the same split applied) when
 // the rule leaves it unset.
 double RuleFlops(const ShardingRule& rule, const Mesh& mesh, const FactorAxes& fa,
@@ -48,6 +48,9 @@ double ElementFlops(const std::vector<TensorType>& results);
 // are elementwise too): such ops fuse into one kernel with the pointwise ops around them, as
 // XLA fuses loops and torch.compile/Inductor fuses pointwise chains.
 bool IsPointwise(const ShardingRule& rule);
+// The dtype node `n` computes in (its cost entry's dtype, which picks the peak FLOP/s): its
+// result's, or the operand's its rule names (ShardingRule::Cost::compute_dtype_operand).
+DType ComputeDType(const ir::Node& n, const ShardingRule* rule);
 
 // The GEMM a contraction's rule describes, per device: its two operands carrying contracted
 // factors (factors in no result) are the matrices; the result's factors found only in the

@@ -8,11 +8,11 @@ OpTraits TraitsOf(const ir::Node& node) {
   OpTraits traits;
   RulePtr rule = GetRule(node);
   if (!rule) return traits;
-  traits.elementwise = rule->elementwise;
-  traits.mergeable = !rule->local_args && !rule->reads_extents;
-  traits.additive = rule->additive;
-  traits.view = rule->view;
-  traits.reads_strides = rule->reads_strides;
+  traits.elementwise = rule->executor.elementwise;
+  traits.mergeable = !rule->lowering.local_args && !rule->executor.reads_extents;
+  traits.additive = rule->algebra.additive;
+  traits.view = rule->executor.view;
+  traits.reads_strides = rule->executor.reads_strides;
   if (rule->operands.size() != node.inputs().size() ||
       rule->results.size() != static_cast<size_t>(node.num_outputs()))
     return traits;

@@ -68,7 +68,7 @@ class Partitioner {
       }
       const ShardingRule* rule = prop_.RuleOf(n.get());
       if (!rule || n->inputs().empty() ||
-          !(IsPointwise(*rule) || rule->view != ViewKind::kNone))
+          !(IsPointwise(*rule) || rule->executor.view != ViewKind::kNone))
         continue;
       bool all = true;
       for (const ir::Value& in : n->inputs()) all &= weights_.count(in.node.get()) > 0;
@@ -307,7 +307,7 @@ class Partitioner {
       result_t.push_back(n.output(o));
     }
     FactorAxes fa = AssignFactors(rule, *mesh_, operand_s, operand_t, result_s, result_t);
-    if (rule.results_must_replicate) fa.assign(fa.size(), AxisList());
+    if (rule.lowering.results_must_replicate) fa.assign(fa.size(), AxisList());
     return fa;
   }
 
@@ -375,13 +375,13 @@ class Partitioner {
     std::vector<LocalValue> results;
     if (windowed) {
       results = LowerWindowedEinsum(lb, *windowed, operands, result_layouts[0]);
-    } else if (rule.lower) {
-      results = rule.lower(lb, operands);
-    } else if (rule.local_args) {
+    } else if (rule.lowering.lower) {
+      results = rule.lowering.lower(lb, operands);
+    } else if (rule.lowering.local_args) {
       std::vector<Shape> local_shapes;
       for (int o = 0; o < n.num_outputs(); ++o)
         local_shapes.push_back(LocalShape(n.output(o).shape, result_layouts[o]));
-      results = lb.EmitNodeOp(operands, lb.WithSlots(rule.local_args(n, local_shapes)));
+      results = lb.EmitNodeOp(operands, lb.WithSlots(rule.lowering.local_args(n, local_shapes)));
     } else {
       results = lb.EmitNodeOp(operands);
     }
@@ -394,12 +394,12 @@ class Partitioner {
   // update of an operand, and which of them fuse with their neighbours.
   void NoteLoweredNodes(const ir::Node& n, const ShardingRule& rule,
                         const std::vector<LocalValue>& results, size_t first_node) {
-    if (!rule.updates_operand.empty() && !results.empty() &&
+    if (!rule.cost.updates_operand.empty() && !results.empty() &&
         builder_.nodes().size() > first_node && results[0].value.node == builder_.nodes().back())
-      in_place_[builder_.nodes().back().get()] = rule.updates_operand;
-    if (IsPointwise(rule) && rule.view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
+      in_place_[builder_.nodes().back().get()] = rule.cost.updates_operand;
+    if (IsPointwise(rule) && rule.executor.view == ViewKind::kNone) NotePointwiseResults(n, results, first_node);
     // (Views too: a compiler folds them into the fusion around them, as XLA's bitcasts.)
-    if (IsPointwise(rule) || rule.view != ViewKind::kNone || rule.fuses_into_reader)
+    if (IsPointwise(rule) || rule.executor.view != ViewKind::kNone || rule.cost.fuses_into_reader)
       for (size_t k = first_node; k < builder_.nodes().size(); ++k)
         if (!builder_.nodes()[k]->op()->internal) fusible_.insert(builder_.nodes()[k].get());
   }
@@ -509,12 +509,12 @@ class Partitioner {
     if (found.empty()) return {};
     if (found.size() > 1) {
       // op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) holds for sums of the operands only.
-      if (!rule.additive || found.size() != read) return {};
+      if (!rule.algebra.additive || found.size() != read) return {};
       for (int i : found)
         if (Local(n.input(i)).layout.partial_axes() != Local(n.input(found[0])).layout.partial_axes())
           return {};
-    } else if (static_cast<size_t>(found[0]) >= rule.linear_operands.size() ||
-               !rule.linear_operands[found[0]]) {
+    } else if (static_cast<size_t>(found[0]) >= rule.algebra.linear_operands.size() ||
+               !rule.algebra.linear_operands[found[0]]) {
       return {};
     }
     // Only along a single path: each operand read by this node alone and each result read by
@@ -574,13 +574,13 @@ class Partitioner {
                                                    : TensorType{t.dtype, LocalShape(t.shape, layouts[o])});
       if (t.dtype != DType::kUndefined) c.bytes += local.back().bytes();
     }
-    if (n.num_outputs() > 0) c.dtype = n.output(0).dtype;
+    if (n.num_outputs() > 0) c.dtype = ComputeDType(n, rule);
     if (rule) SetRuleCost(c, *rule, *mesh_, fa, local);
     else c.flops = ElementFlops(local);
     c.model_flops = rule ? RuleFlops(*rule, *mesh_, FactorAxes(fa.size()), global) : ElementFlops(global);
     c.recomputed = !c.view && recomputed_.count(&n) > 0;  // a view computes nothing
     c.in_backward = n.in_backward();
-    if (rule && IsPointwise(*rule) && rule->view == ViewKind::kNone) FuseWithProducers(n, operands, c);
+    if (rule && IsPointwise(*rule) && rule->executor.view == ViewKind::kNone) FuseWithProducers(n, operands, c);
     costs_.push_back(std::move(c));
   }
 
@@ -627,7 +627,7 @@ class Partitioner {
       if (!rule || r->num_outputs() != 1) return false;
       size_t i = 0;
       while (r->input(i).node.get() != node || r->input(i).index != index) ++i;
-      if (!rule->additive && !(i < rule->linear_operands.size() && rule->linear_operands[i]))
+      if (!rule->algebra.additive && !(i < rule->algebra.linear_operands.size() && rule->algebra.linear_operands[i]))
         return false;
       node = r;
       index = 0;

@@ -30,8 +30,8 @@ struct ZerosSum {
 // A gradient written into zeros (its rule's into_zeros) as a one-piece sum.
 std::optional<ZerosSum> IntoZeros(const ir::Node& n) {
   RulePtr rule = GetRule(n);
-  if (!rule || !rule->into_zeros || n.num_outputs() != 1) return std::nullopt;
-  const ShardingRule::IntoZeros& z = *rule->into_zeros;
+  if (!rule || !rule->algebra.into_zeros || n.num_outputs() != 1) return std::nullopt;
+  const ShardingRule::Algebra::IntoZeros& z = *rule->algebra.into_zeros;
   ZerosSum sum{z.stacked, z.dim, n.output(0), {}};
   if (n.input(0).type().dtype != sum.type.dtype || z.start < 0 ||
       z.start + z.length > sum.type.shape[z.dim])
@@ -102,7 +102,7 @@ class Simplifier {
     for (const ir::Arg& a : n.args())
       if (a.num_slots() != 0) return false;
     RulePtr rule = GetRule(n);
-    return rule && rule->view != ViewKind::kNone;
+    return rule && rule->executor.view != ViewKind::kNone;
   }
 
   static Hash ViewKey(const ir::Node& n, const std::vector<ir::Value>& inputs) {
@@ -240,11 +240,11 @@ class Simplifier {
   }
 
   // The rows of a source tensor that single-output `v` is (a slice's ShardingRule::rows_of).
-  static std::optional<ShardingRule::RowsOf> SlicedRows(const ir::Value& v) {
+  static std::optional<ShardingRule::Algebra::RowsOf> SlicedRows(const ir::Value& v) {
     if (v.index != 0 || v.node->num_outputs() != 1 || v.node->inputs().empty())
       return std::nullopt;
     RulePtr rule = GetRule(*v.node);
-    return rule ? rule->rows_of : std::nullopt;
+    return rule ? rule->algebra.rows_of : std::nullopt;
   }
 
   // F.pad(x[a:a + len], (p, q)) along d, as large as x (a shift that fills with the pad
@@ -253,7 +253,7 @@ class Simplifier {
   ir::NodePtr FilledShift(const ir::Node& n,
                           const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
     if (n.inputs().size() != 1 || n.num_outputs() != 1) return nullptr;
-    const std::optional<ShardingRule::RowsOf> rows = SlicedRows(n.input(0));
+    const std::optional<ShardingRule::Algebra::RowsOf> rows = SlicedRows(n.input(0));
     if (!rows) return nullptr;
     const TensorType& out = n.output(0);
     const int64_t d = rows->dim, a = rows->start, len = rows->length;
@@ -332,7 +332,7 @@ class Simplifier {
     const TensorType& out = n.output(0);
     if (out.rank() == 0) return nullptr;
     const int64_t d = WrapDim(IntArg(n, ArgIndex(n, "dim")), out.rank());
-    std::optional<ShardingRule::RowsOf> rows[2];
+    std::optional<ShardingRule::Algebra::RowsOf> rows[2];
     for (int i = 0; i < 2; ++i) {
       rows[i] = SlicedRows(n.input(i));
       if (!rows[i] || rows[i]->dim != d) return nullptr;

@@ -12,7 +12,7 @@ using ir::Arg;
 
 // A contraction the partitioner lowers as one op of the node's own op on its two matrices.
 bool Windowable(const ir::Node& n, const ShardingRule& rule) {
-  if (!rule.flops_per_point || *rule.flops_per_point <= 0 || rule.lower || rule.local_args ||
+  if (!rule.cost.flops_per_point || *rule.cost.flops_per_point <= 0 || rule.lowering.lower || rule.lowering.local_args ||
       rule.results.size() != 1 || n.num_outputs() != 1 || n.inputs().size() != 2 ||
       rule.operands.size() != 2)
     return false;

@@ -1,6 +1,6 @@
 // What the step-time model (plan/cost_model.h) knows about the hardware: per device peak
 // FLOP/s and HBM, how much of them real kernels achieve, and a two-level interconnect (a fast
-// domain, cross-domain links). Presets with their sources: torch_spmd/_hardware.py.
+// domain, cross-domain links). Presets with their sources: torch_spmd/_impl/hardware.py.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,6 +13,7 @@ struct Hardware {
   std::string name;
   double peak_flops_bf16 = 0;  // per device, dense matmul
   double peak_flops_fp32 = 0;  // per device, what an fp32 matmul gets by default
+  double peak_flops_fp8 = 0;   // per device, dense FP8 matmul; 0: no FP8 units (the bf16 rate)
   // Achieved fraction of the peak on large matmuls (kernel and clock losses), and each GEMM
   // extent (M, N, K) padded to a multiple of `matmul_tile`, the matrix unit's tile (a TPU MXU's
   // side; a GPU tensor-core kernel's block): small and thin matmuls waste the padding. 0: no
@@ -60,6 +61,7 @@ struct Hardware {
   bool overlap_grad_reduce = true;
 
   double PeakFlops(DType dtype) const {
+    if (IsFloat8(dtype)) return peak_flops_fp8 > 0 ? peak_flops_fp8 : peak_flops_bf16;
     return dtype == DType::kBFloat16 || dtype == DType::kFloat16 ? peak_flops_bf16 : peak_flops_fp32;
   }
 };

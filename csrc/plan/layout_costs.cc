@@ -70,7 +70,7 @@ class Builder {
   std::vector<int> MinorDecisions(const ir::Value& v, int64_t d) const {
     std::vector<int> out;
     const ShardingRule* rule = rules_.Of(*v.node);
-    if (!rule || rule->view == ViewKind::kNone || v.index >= static_cast<int>(rule->results.size()))
+    if (!rule || rule->executor.view == ViewKind::kNone || v.index >= static_cast<int>(rule->results.size()))
       return out;
     const TensorFactors& dims = rule->results[v.index];
     if (d >= static_cast<int64_t>(dims.size())) return out;
@@ -171,12 +171,12 @@ class Builder {
       local.push_back(ruled ? LocalType(rule, rule.results[o], t, fa) : t);
       if (t.dtype != DType::kUndefined) c.bytes += local.back().bytes();
     }
-    if (n.num_outputs() > 0) c.dtype = n.output(0).dtype;
+    if (n.num_outputs() > 0) c.dtype = ComputeDType(n, &rule);
     if (group < 0) {
       SetRuleCost(c, rule, mesh_, fa, local);
     } else {  // (a list op's element: pointwise)
       c.flops = ElementFlops(local);
-      c.view = rule.view != ViewKind::kNone;
+      c.view = rule.executor.view != ViewKind::kNone;
     }
     double seconds = OpSeconds(c, hw_).seconds();
     for (int o = 0; o < n.num_outputs() && o < static_cast<int>(rule.results.size()); ++o) {
@@ -287,7 +287,7 @@ class Builder {
       k << '#' << rule.factors[f].size << '/' << static_cast<int>(rule.factors[f].kind) << '/';
       for (int j : decision[f]) k << j << ',';
     }
-    k << '@' << rule.flops_per_point.value_or(-1) << static_cast<int>(rule.view);
+    k << '@' << rule.cost.flops_per_point.value_or(-1) << static_cast<int>(rule.executor.view);
     return k.str();
   }
 
@@ -330,7 +330,7 @@ class Builder {
       const ir::NodePtr& node = graph_.nodes[i];
       std::vector<int>& src = source[node.get()];
       const ShardingRule* rule = rules_.Of(*node);
-      const bool view = rule && rule->view != ViewKind::kNone && !node->inputs().empty();
+      const bool view = rule && rule->executor.view != ViewKind::kNone && !node->inputs().empty();
       for (int o = 0; o < node->num_outputs(); ++o) {
         int life = -1;
         if (view) {
@@ -389,12 +389,12 @@ class Builder {
     for (const ir::NodePtr& node : graph_.nodes) {
       const ShardingRule* rule = rules_.Of(*node);
       if (!rule) continue;
-      if (rule->view != ViewKind::kNone && !node->inputs().empty()) {
+      if (rule->executor.view != ViewKind::kNone && !node->inputs().empty()) {
         auto it = param_of.find(node->input(0).node.get());
         if (it != param_of.end()) param_of[node.get()] = it->second;
         continue;
       }
-      if (!(rule->flops_per_point && *rule->flops_per_point > 0)) continue;
+      if (!(rule->cost.flops_per_point && *rule->cost.flops_per_point > 0)) continue;
       for (const ir::Value& in : node->inputs()) {
         auto it = param_of.find(in.node.get());
         if (it != param_of.end()) ++reads[it->second];

@@ -276,7 +276,7 @@ std::vector<Stacked> MaskPad(const Call& c) {
     std::vector<int64_t> shape(rows.dim(), 1);
     shape[0] = rows.size(0);
     shape[dim + 1] = tiling.tile_size;
-    return rows.masked_fill(pad.view(shape), PadValueFor(rows, c.attrs.value));
+    return MaskedFill(rows, pad.view(shape), c.attrs.value);
   })};
 }
 

@@ -18,6 +18,13 @@ c10::Scalar PadValueFor(const at::Tensor& x, double value) {
   });
 }
 
+at::Tensor MaskedFill(const at::Tensor& x, const at::Tensor& mask, double value) {
+  if (!c10::isFloat8Type(x.scalar_type())) return x.masked_fill(mask, PadValueFor(x, value));
+  // ATen has no masked_fill for FP8: fill the bytes with the value's byte.
+  const at::Tensor byte = at::scalar_tensor(value).to(x.scalar_type()).view(at::kByte);
+  return x.view(at::kByte).masked_fill(mask, byte.item()).view(x.scalar_type());
+}
+
 at::Tensor ValidRows(const at::Tensor& tile, int64_t dim, const DimTiling& tiling, int64_t index) {
   return tile.narrow(dim, 0, tiling.Length(index));
 }

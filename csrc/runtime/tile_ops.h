@@ -21,6 +21,8 @@ at::Tensor PaddedTile(const at::Tensor& whole, int64_t dim, const DimTiling& til
 // The value padding takes in x's dtype (mask_pad): the infinite identities of max/min reductions
 // become an integer dtype's extreme values (true/false for bool).
 c10::Scalar PadValueFor(const at::Tensor& x, double value);
+// x.masked_fill(mask, PadValueFor(x, value)), for FP8 too (which ATen's masked_fill lacks).
+at::Tensor MaskedFill(const at::Tensor& x, const at::Tensor& mask, double value);
 // acc = op(acc, v), elementwise, in place.
 void ReduceInto(at::Tensor& acc, const at::Tensor& v, ReduceOp op);
 

@@ -66,8 +66,8 @@ TEST(RuleFlopsTest, MmCountsTwoFlopsPerPointOfItsIterationSpace) {
   EXPECT_EQ(rule.factors[f.k].size, 16);
   EXPECT_EQ(rule.factors[f.k].kind, FactorKind::kReduction);
   EXPECT_EQ(rule.factors[f.j].size, 32);
-  ASSERT_TRUE(rule.flops_per_point.has_value());
-  EXPECT_EQ(*rule.flops_per_point, 2.0);
+  ASSERT_TRUE(rule.cost.flops_per_point.has_value());
+  EXPECT_EQ(*rule.cost.flops_per_point, 2.0);
 
   MeshPtr mesh = MakeMesh({4}, {"data"});
   // Whole op: 2 * i * k * j = 2 * 8 * 16 * 32 = 8192.
@@ -115,7 +115,7 @@ TEST(RuleFlopsTest, MmOnTwoAxesAndUnevenFactors) {
 TEST(RuleFlopsTest, PointwiseCountsOneFlopPerResultElement) {
   ir::Value a = Relu(Param(F32({8, 16})));
   ShardingRule rule = RuleOf(a);
-  EXPECT_FALSE(rule.flops_per_point.has_value());
+  EXPECT_FALSE(rule.cost.flops_per_point.has_value());
   MeshPtr mesh = MakeMesh({4}, {"data"});
   FactorAxes fa(rule.factors.size());
   fa[rule.results[0][0][0]] = {0};

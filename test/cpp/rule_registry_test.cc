@@ -41,12 +41,12 @@ TEST(RuleRegistryTest, AnOpReadsExtentsUnlessItsRuleSaysOtherwise) {
   // Conservative default: a rule that does not say its kept dims are independent keeps the
   // executor from merging devices' rows into them (speed, never correctness, is at stake).
   ShardingRule plain;
-  EXPECT_TRUE(plain.reads_extents);
+  EXPECT_TRUE(plain.executor.reads_extents);
   RuleBuilder build = [](const ir::Node&) -> std::optional<ShardingRule> { return ShardingRule(); };
   const ir::OpInfo* op = ir::InternOp("test::reads_extents", {}, 1);
   ir::NodePtr node = ir::MakeNode(op, {}, {}, {TensorType{DType::kFloat32, {2}}});
-  EXPECT_TRUE(build(*node)->reads_extents);
-  EXPECT_FALSE(ReadsNoExtents(build)(*node)->reads_extents);
+  EXPECT_TRUE(build(*node)->executor.reads_extents);
+  EXPECT_FALSE(ReadsNoExtents(build)(*node)->executor.reads_extents);
 }
 
 TEST(RuleRegistryTest, AnOpWithoutARuleIsTakenToReadStrides) {
@@ -58,7 +58,7 @@ TEST(RuleRegistryTest, AnOpWithoutARuleIsTakenToReadStrides) {
   EXPECT_TRUE(traits.reads_strides);
   EXPECT_EQ(traits.view, ViewKind::kNone);
   EXPECT_FALSE(traits.mergeable);
-  EXPECT_FALSE(ShardingRule().reads_strides);  // a rule's default: ATen kernels take any strides
+  EXPECT_FALSE(ShardingRule().executor.reads_strides);  // a rule's default: ATen kernels take any strides
 }
 
 }  // namespace

@@ -5,7 +5,9 @@ Every number is per device (a TPU chip or a GPU). Fields:
 
 - ``peak_flops_bf16``: dense bf16 matmul FLOP/s; ``peak_flops_fp32``: what an fp32 matmul gets
   by default (TPUs: XLA's default precision runs fp32 matmuls as one bf16 pass, so the bf16
-  peak; GPUs: PyTorch's default, TF32 off, the plain fp32 peak);
+  peak; GPUs: PyTorch's default, TF32 off, the plain fp32 peak); ``peak_flops_fp8``: dense FP8
+  matmul FLOP/s (``torch._scaled_mm``, Float8 linears), 0 where the chip has no FP8 matrix
+  units (A100, the TPUs here): FP8 matmuls then run at the bf16 rate;
 - ``matmul_efficiency``: the fraction of that peak large matmuls achieve (kernel efficiency,
   clocks under a power cap); ``matmul_tile``: each GEMM extent (M, N, K) is padded to a multiple
   of it, so small and thin matmuls also waste the padding (TPU: the MXU's side, 128, 256 on
@@ -126,15 +128,17 @@ Sources (public spec sheets, read 2026):
   SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022).
 - H100 80GB SXM: NVIDIA H100 datasheet (989 TFLOP/s bf16 dense, 67 TFLOP/s fp32, 80 GB HBM3 at
   3.35 TB/s, NVLink 4 900 GB/s bidirectional = 450 GB/s per direction, 8 per HGX host,
-  8x NDR 400 Gbit/s InfiniBand per host = 50 GB/s per GPU).
+  8x NDR 400 Gbit/s InfiniBand per host = 50 GB/s per GPU); FP8 1,979 TFLOP/s dense (the
+  datasheet's 3,958 with sparsity, halved), twice the bf16 rate, as on every Hopper part.
 - H100 96GB (HBM2e, 500 W; the part of torchtitan's published benchmarks, Meta's Grand Teton
   hosts): torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (96 GB HBM2e at 2.4
   TB/s, 8 per host on NVLink, 400 Gbit/s RDMA per GPU = 50 GB/s, 500 W power limit);
   TechPowerUp's GPU database, "NVIDIA H100 SXM5 96 GB" (62.08 TFLOP/s fp32 against the 80 GB
   SXM5's 66.91: a lower boost clock), so its dense bf16 peak is 989.4 x 62.08 / 66.91 = 918
-  TFLOP/s. The 500 W cap lowers sustained clocks further: that belongs to matmul_efficiency.
-- H200 SXM: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s, 989 TFLOP/s bf16 dense, 67
-  TFLOP/s fp32, NVLink 4 as H100); HGX H200 reference hosts: 8 GPUs, 8x NDR 400 Gbit/s NICs =
+  TFLOP/s (FP8: twice that, 1,836). The 500 W cap lowers sustained clocks further: that
+  belongs to matmul_efficiency.
+- H200 SXM: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s, 989 TFLOP/s bf16 dense, 1,979
+  FP8 dense, 67 TFLOP/s fp32, NVLink 4 as H100); HGX H200 reference hosts: 8 GPUs, 8x NDR 400 Gbit/s NICs =
   50 GB/s per GPU.
 - Hosts (public machine types, read 2026; the host links are assumed PCIe where Google publishes
   none): TPU v4 hosts hold 4 chips and about 400 GB (PCIe Gen3 x16 assumed: 16 GB/s per chip);
@@ -173,8 +177,10 @@ def _tpu(peak, hbm_bytes, hbm_bandwidth, link_bandwidth, torus_dims, slice_chips
 
 
 def _gpu(peak_bf16, peak_fp32, hbm_bytes, hbm_bandwidth, nvlink_bandwidth, nic_bandwidth, sms,
-         host_memory, pcie, matmul_efficiency=PLACEHOLDER_EFFICIENCY, kernel_overhead=0.0):
-    return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32, host_devices=8,
+         host_memory, pcie, matmul_efficiency=PLACEHOLDER_EFFICIENCY, kernel_overhead=0.0,
+         peak_fp8=0.0):
+    return dict(peak_flops_bf16=peak_bf16, peak_flops_fp32=peak_fp32, peak_flops_fp8=peak_fp8,
+                host_devices=8,
                 host_memory_bytes=host_memory, host_bandwidth=pcie,
                 matmul_efficiency=matmul_efficiency, kernel_overhead=kernel_overhead,
                 matmul_tile=128, matrix_units=sms, hbm_bytes=hbm_bytes,
@@ -214,11 +220,11 @@ PRESETS: Dict[str, dict] = {
     "a100-80gb": _gpu(312e12, 19.5e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, 108, 2000 * GB,
                       PCIE4, **A100_FITTED),
     "h100-80gb": _gpu(989e12, 67e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, 132, 2000 * GB,
-                      PCIE5, **H100_80GB_FITTED),
+                      PCIE5, peak_fp8=1979e12, **H100_80GB_FITTED),
     "h100-96gb": _gpu(918e12, 62e12, 96 * GB, 2400 * GB, 450 * GB, 50 * GB, 132, 2000 * GB,
-                      PCIE5, **H100_96GB_FITTED),
+                      PCIE5, peak_fp8=1836e12, **H100_96GB_FITTED),
     "h200": _gpu(989e12, 67e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, 132, 2000 * GB, PCIE5,
-                 **H100_80GB_FITTED),
+                 peak_fp8=1979e12, **H100_80GB_FITTED),
 }
 ALIASES = {"v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
            "trillium": "tpu-v6e", "a100": "a100-80gb", "h100": "h100-80gb", "tpu_v4": "tpu-v4",
@@ -284,6 +290,9 @@ def resolve(hardware: Union[str, dict]) -> dict:
               "ring_bandwidth", "cross_host_bandwidth", "dcn_bandwidth"):
         if k in hw and not hw[k] > 0:
             raise ValueError(f"hardware {k} must be positive, got {hw[k]!r}")
+    if "peak_flops_fp8" in hw and not hw["peak_flops_fp8"] >= 0:
+        raise ValueError(f"hardware peak_flops_fp8 must be >= 0 (0: no FP8 units), got "
+                         f"{hw['peak_flops_fp8']!r}")
     for k in ("matmul_efficiency", "hbm_efficiency"):
         if not 0 < hw[k] <= 1:
             raise ValueError(f"hardware {k} is a fraction in (0, 1], got {hw[k]!r}")

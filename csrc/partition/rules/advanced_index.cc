@@ -119,7 +119,7 @@ std::optional<ShardingRule> Index(const ir::Node& node) {
   std::optional<IndexGeometry> g = GeometryOf(node);
   if (!g) return std::nullopt;
   ShardingRule rule;
-  rule.reads_extents = false;  // dims other than the indexed ones are independent
+  rule.executor.reads_extents = false;  // dims other than the indexed ones are independent
   IndexFactors f = FactorsOf(rule, *g, node.input(0).type(), FactorKind::kPassThrough);
   if (node.output(0).shape != ShapeOf(rule, f.result)) return std::nullopt;
   rule.operands = OperandFactors(node, rule, *g, f, -1);
@@ -138,7 +138,7 @@ std::optional<ShardingRule> IndexPut(const ir::Node& node) {
   const bool sums = BoolArg(node, ArgIndex(node, "accumulate")) &&
                     IsFloatingPoint(node.output(0).dtype);
   ShardingRule rule;
-  rule.reads_extents = false;  // dims other than the indexed ones are independent
+  rule.executor.reads_extents = false;  // dims other than the indexed ones are independent
   IndexFactors f = FactorsOf(rule, *g, node.input(0).type(),
                              sums ? FactorKind::kReduction : FactorKind::kNeedReplication);
   rule.operands = OperandFactors(node, rule, *g, f, values);
@@ -146,7 +146,7 @@ std::optional<ShardingRule> IndexPut(const ir::Node& node) {
   if (!sums) return rule;
   std::vector<int> b_factors;
   for (const DimFactors& d : f.broadcast) b_factors.push_back(d[0]);
-  rule.lower = [b_factors](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [b_factors](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     AxisList axes;
     for (int factor : b_factors)
       axes.insert(axes.end(), b.factor_axes()[factor].begin(), b.factor_axes()[factor].end());

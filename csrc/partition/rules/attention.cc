@@ -60,7 +60,7 @@ std::optional<ShardingRule> Attention(const ir::Node& node, bool backward) {
   const bool causal = BoolArg(node, ArgIndex(node, "is_causal"));
 
   ShardingRule rule;
-  rule.reads_extents = false;  // batch, heads, unmasked rows independent
+  rule.executor.reads_extents = false;  // batch, heads, unmasked rows independent
   const int b = rule.AddFactor(B);
   const int hk = rule.AddFactor(Hk);
   DimFactors heads{hk};
@@ -93,7 +93,7 @@ std::optional<ShardingRule> Attention(const ir::Node& node, bool backward) {
   // The FLOPs of the matmuls over the space b*H*l*s*d: forward q.k^T and p.v (2 FLOPs each per
   // point); backward recomputes q.k^T and computes dv, dp, dq and dk: 5 matmuls, 2.5x the
   // forward (FlashAttention's count). Softmax and mask FLOPs (O(b*H*l*s)) are not counted.
-  rule.flops_per_point = (backward ? 10.0 : 4.0) * (causal ? CausalFraction(L, S) : 1.0);
+  rule.cost.flops_per_point = (backward ? 10.0 : 4.0) * (causal ? CausalFraction(L, S) : 1.0);
   return rule;
 }
 

@@ -233,7 +233,7 @@ std::optional<ShardingRule> BatchNorm(const ir::Node& node, bool backward) {
   if (input.rank() < 2) return std::nullopt;
   bool training = BoolArg(node, ArgIndex(node, backward ? "train" : "training"), true);
   ShardingRule rule;
-  rule.reads_extents = false;  // channels are independent
+  rule.executor.reads_extents = false;  // channels are independent
   TensorFactors fin;
   int channel = -1;
   std::vector<int> stats;
@@ -258,7 +258,7 @@ std::optional<ShardingRule> BatchNorm(const ir::Node& node, bool backward) {
   for (const TensorType& t : node.outputs())
     rule.results.push_back(t.dtype == DType::kUndefined ? TensorFactors() : factors_for(t));
   if (training) {
-    rule.lower = [backward, stats, channel](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    rule.lowering.lower = [backward, stats, channel](LocalBuilder& b, const std::vector<LocalValue>& ops) {
       if (!StatsSharded(b, stats)) return b.EmitNodeOp(ops);  // local statistics are global
       return backward ? SyncBackward(b, ops, stats, channel) : SyncForward(b, ops, stats, channel);
     };

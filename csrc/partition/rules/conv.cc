@@ -140,11 +140,11 @@ std::optional<ShardingRule> Convolution(const ir::Node& node) {
   rule.operands[wt] = f.Weight(c->transposed);
   if (bias >= 0) rule.operands[bias] = {f.OutChannels()};
   rule.results = {f.Activation(true)};
-  rule.flops_per_point = 2;  // a multiply-add per (n, g, ci, co, output position, kernel tap)
+  rule.cost.flops_per_point = 2;  // a multiply-add per (n, g, ci, co, output position, kernel tap)
 
   const int pad_arg = ArgIndex(node, "padding"), groups_arg = ArgIndex(node, "groups");
   const int bias_arg = ArgIndex(node, "bias");
-  rule.lower = [c = *c, f, in, bias, pad_arg, groups_arg, bias_arg](
+  rule.lowering.lower = [c = *c, f, in, bias, pad_arg, groups_arg, bias_arg](
                    LocalBuilder& b, const std::vector<LocalValue>& ops) {
     std::vector<LocalValue> operands = ops;
     std::vector<int64_t> padding = c.padding;
@@ -272,11 +272,11 @@ std::optional<ShardingRule> ConvolutionBackward(const ir::Node& node) {
   // The same iteration space as the forward once per gradient computed (input, weight); the
   // bias gradient is a sum over grad_output.
   const int grads = (defined(0) ? 1 : 0) + (defined(1) ? 1 : 0);
-  if (grads > 0) rule.flops_per_point = 2.0 * grads;
+  if (grads > 0) rule.cost.flops_per_point = 2.0 * grads;
 
   const int pad_arg = ArgIndex(node, "padding"), groups_arg = ArgIndex(node, "groups");
   const int bias_sizes_arg = ArgIndex(node, "bias_sizes");
-  rule.lower = [args = ConvBackwardArgs{*c, f, go, in, mask, pad_arg, groups_arg, bias_sizes_arg,
+  rule.lowering.lower = [args = ConvBackwardArgs{*c, f, go, in, mask, pad_arg, groups_arg, bias_sizes_arg,
                                         mask_arg}](LocalBuilder& b,
                                                    const std::vector<LocalValue>& ops) {
     return LowerConvolutionBackward(b, ops, args);

@@ -27,8 +27,8 @@ std::optional<ShardingRule> ListPointwise(const ir::Node& node) {
   // factors come from the first result list; a 0-dim result element mirrors a 0-dim list
   // argument (the fused optimizers return their step counts) and is replicated like it.
   ShardingRule rule;
-  rule.reads_extents = false;  // each element from the elements at its index
-  rule.elementwise = true;
+  rule.executor.reads_extents = false;  // each element from the elements at its index
+  rule.executor.elementwise = true;
   std::vector<TensorFactors> element(n);
   for (size_t i = 0; i < n; ++i) {
     element[i] = PassThroughFactors(rule, node.output(i));
@@ -73,12 +73,12 @@ std::optional<ShardingRule> InPlaceListPointwise(const ir::Node& node) {
   for (const ir::Arg& a : node.args())
     if (a.kind == ir::Arg::Kind::kTensorList) lists.push_back(&a);
   const size_t n = lists.empty() ? 0 : lists[0]->ints.size();
-  rule->updates_operand.assign(node.num_outputs(), -1);
+  rule->cost.updates_operand.assign(node.num_outputs(), -1);
   for (int r = 0; r < node.num_outputs() && n > 0; ++r) {
     const size_t j = r / n, i = r % n;
     if (j < lists.size() && lists[j]->ints.size() == n &&
         node.input(lists[j]->ints[i]).type() == node.output(r))
-      rule->updates_operand[r] = static_cast<int>(lists[j]->ints[i]);
+      rule->cost.updates_operand[r] = static_cast<int>(lists[j]->ints[i]);
   }
   return rule;
 }

@@ -19,7 +19,7 @@ std::optional<ShardingRule> IndexSelect(const ir::Node& node) {
   if (self.rank() == 0 || index.rank() != 1) return std::nullopt;
   int64_t dim = DimOf(node, self.rank());
   ShardingRule rule;
-  rule.reads_extents = false;  // dims other than the indexed one are independent
+  rule.executor.reads_extents = false;  // dims other than the indexed one are independent
   TensorFactors fs, fo;
   int picked = rule.AddFactor(index.shape[0]);
   // Index padding holds garbage the kernel would reject as out of range: read index 0 there.
@@ -49,7 +49,7 @@ std::optional<ShardingRule> IndexedByTensor(const ir::Node& node, bool gather) {
   if (self.rank() != index.rank() || self.rank() == 0) return std::nullopt;
   int64_t dim = DimOf(node, self.rank());
   ShardingRule rule;
-  rule.reads_extents = false;  // dims other than the indexed one are independent
+  rule.executor.reads_extents = false;  // dims other than the indexed one are independent
   TensorFactors fs, fi;
   for (int64_t d = 0; d < self.rank(); ++d) {
     if (d != dim && self.shape[d] == index.shape[d]) {
@@ -82,7 +82,7 @@ std::optional<ShardingRule> IndexAdd(const ir::Node& node) {
   if (source.rank() != self.rank()) return std::nullopt;
   int64_t dim = DimOf(node, self.rank());
   ShardingRule rule;
-  rule.reads_extents = false;  // dims other than the indexed one are independent
+  rule.executor.reads_extents = false;  // dims other than the indexed one are independent
   TensorFactors fs, fsrc;
   for (int64_t d = 0; d < self.rank(); ++d) {
     if (d == dim) {

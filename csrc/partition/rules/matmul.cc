@@ -2,7 +2,8 @@
 // sums; its padding is zeroed on both sides, since NaN garbage on one side cannot be masked
 // by zeros on the other). bmm adds a batch factor. addmm/baddbmm broadcast their bias onto the
 // result; with a sharded contraction the bias is added after the partial sums are reduced, so
-// it is counted once.
+// it is counted once. _scaled_mm, FP8 training's mm, tiles its scales with the rows and
+// columns they scale (ScaledMatmul).
 #include "partition/rules/matmul.h"
 
 #include "partition/local_builder.h"
@@ -78,7 +79,7 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   const TensorType& out = node.output(0);
   if (a.rank() < 2 || a.rank() != b.rank() || out.rank() != a.rank()) return std::nullopt;
   ShardingRule rule;
-  rule.reads_extents = false;  // rows and columns are independent
+  rule.executor.reads_extents = false;  // rows and columns are independent
   TensorFactors fa, fb, fo;
   for (int64_t d = 0; d + 2 < a.rank(); ++d) {
     int batch = rule.AddFactor(a.shape[d]);
@@ -98,11 +99,48 @@ std::optional<ShardingRule> Contraction(const ir::Node& node, int lhs, int rhs, 
   rule.operands[rhs] = fb;
   if (bias >= 0) rule.operands[bias] = BroadcastFactors(node.input(bias).type(), out, fo);
   rule.results = {fo};
-  rule.flops_per_point = 2;  // a multiply and an add per (batch, i, k, j)
+  rule.cost.flops_per_point = 2;  // a multiply and an add per (batch, i, k, j)
   if (bias < 0) return rule;
-  rule.lower = [lhs, rhs, bias, k](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [lhs, rhs, bias, k](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     return LowerBiasedContraction(b, ops, lhs, rhs, bias, k);
   };
+  return rule;
+}
+
+// _scaled_mm(self [i,k], mat2 [k,j], scale_a, scale_b, bias?, scale_result?, out_dtype,
+// use_fast_accum) = scale_a * scale_b * (self @ mat2) [+ bias]: the FP8 matmul of Float8
+// training (torchao's Float8Linear). The scales are one value per tensor (0-dim) or one per
+// row of self and column of mat2 ([i,1], [1,j]), so each is tiled as the rows or columns it
+// scales, and the bias as the columns. They multiply the accumulated product, which is linear
+// in the contraction's terms: a sharded k leaves partial sums in the output dtype, reduced as
+// mm's are. Not with a bias (it would be added once per tile) nor into an FP8 result (partial
+// sums rounded to FP8 do not add up to the rounded sum): k is then gathered.
+std::optional<ShardingRule> ScaledMatmul(const ir::Node& node) {
+  const int lhs = InputOfArg(node, "self"), rhs = InputOfArg(node, "mat2");
+  if (lhs < 0 || rhs < 0 || InputOfArg(node, "scale_a") < 0 || InputOfArg(node, "scale_b") < 0)
+    return std::nullopt;
+  const TensorType& a = node.input(lhs).type();
+  const TensorType& b = node.input(rhs).type();
+  const TensorType& out = node.output(0);
+  if (a.rank() != 2 || b.rank() != 2 || out.rank() != 2) return std::nullopt;
+  const bool partial_sums = InputOfArg(node, "bias") < 0 && !IsFloat8(out.dtype);
+  ShardingRule rule;
+  rule.executor.reads_extents = false;  // rows and columns are independent
+  const int i = rule.AddFactor(a.shape[0]);
+  const int k = rule.AddFactor(
+      a.shape[1], partial_sums ? FactorKind::kReduction : FactorKind::kNeedReplication);
+  rule.factors[k].sums = partial_sums;
+  const int j = rule.AddFactor(b.shape[1]);
+  const TensorFactors fo = {{i}, {j}};
+  rule.operands.resize(node.inputs().size());
+  rule.operands[lhs] = {{i}, {k}};
+  rule.operands[rhs] = {{k}, {j}};
+  for (const char* name : {"scale_a", "scale_b", "bias", "scale_result"})
+    if (const int in = InputOfArg(node, name); in >= 0)
+      rule.operands[in] = BroadcastFactors(node.input(in).type(), out, fo);
+  rule.results = {fo};
+  rule.cost.flops_per_point = 2;  // a multiply and an add per (i, k, j)
+  rule.cost.compute_dtype_operand = lhs;  // at the FP8 rate, into a wider result
   return rule;
 }
 
@@ -124,11 +162,12 @@ void RegisterMatmulRules() {
   // folds the device dim into copies of both operands).
   RegisterRule("aten::matmul", [](const ir::Node& n) {
     std::optional<ShardingRule> rule = Contraction(n, 0, 1, -1);
-    if (rule) rule->elementwise = true;
+    if (rule) rule->executor.elementwise = true;
     return rule;
   });
   RegisterRules({"aten::addmm", "aten::baddbmm"},
                 [](const ir::Node& n) { return Contraction(n, 1, 2, 0); });
+  RegisterRule("aten::_scaled_mm", ScaledMatmul);
 }
 
 }  // namespace spmd::partition

@@ -29,7 +29,7 @@ std::optional<ShardingRule> ReducingLoss(const ir::Node& node) {
   int reduction = static_cast<int>(IntArg(node, reduction_arg, kReductionMean));
   const TensorType& self = node.input(0).type();
   ShardingRule rule;
-  rule.reads_extents = false;  // kept rows are independent
+  rule.executor.reads_extents = false;  // kept rows are independent
   TensorFactors fs;
   for (int64_t size : self.shape)
     fs.push_back({rule.AddFactor(size, reduction == kReductionNone ? FactorKind::kPassThrough
@@ -40,7 +40,7 @@ std::optional<ShardingRule> ReducingLoss(const ir::Node& node) {
   for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), self, fs));
   rule.results = {reduction == kReductionNone ? fs : TensorFactors{}};
   if (reduction == kReductionNone || reduction_arg < 0) return rule;
-  rule.lower = [reduction_arg, reduction](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [reduction_arg, reduction](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     const ir::Node& n = b.node();
     bool sharded = false;
     for (const AxisList& a : b.factor_axes()) sharded |= !a.empty();
@@ -80,9 +80,9 @@ std::optional<ShardingRule> LossBackward(const ir::Node& node) {
   for (const ir::Value& in : node.inputs()) rule.operands.push_back(BroadcastFactors(in.type(), out, fo));
   rule.results = {fo};
   // A mean divides by the element count; sum and none are elementwise.
-  rule.reads_extents = reduction == kReductionMean;
+  rule.executor.reads_extents = reduction == kReductionMean;
   if (reduction == kReductionMean) {
-    rule.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    rule.lowering.lower = [](LocalBuilder& b, const std::vector<LocalValue>& ops) {
       std::vector<LocalValue> r = b.EmitNodeOp(ops);
       r[0] = b.Scale(r[0], LocalFraction(r[0]));
       return r;
@@ -129,7 +129,7 @@ std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   int reduction = static_cast<int>(IntArg(node, reduction_arg, kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
   ShardingRule rule;
-  rule.reads_extents = false;  // kept rows are independent
+  rule.executor.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0], reduction == kReductionNone ? FactorKind::kPassThrough
                                                                     : FactorKind::kReduction);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
@@ -140,7 +140,7 @@ std::optional<ShardingRule> NllLoss(const ir::Node& node) {
   if (node.inputs().size() > 2) rule.operands.push_back({{c}});  // weight
   rule.results = {reduction == kReductionNone ? TensorFactors{{n}} : TensorFactors{}, {}};
   if (reduction == kReductionNone) rule.reduced_in_result = {{c}, {n, c}};
-  rule.lower = [reduction_arg, reduction, c](LocalBuilder& b, std::vector<LocalValue> ops) {
+  rule.lowering.lower = [reduction_arg, reduction, c](LocalBuilder& b, std::vector<LocalValue> ops) {
     std::vector<ir::Arg> args = b.WithSlots(b.node().args());
     LocalizeClasses(b, c, ops[0].local_shape()[1], ops, args);
     if (reduction != kReductionMean) return b.EmitNodeOp(ops, args);
@@ -167,7 +167,7 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   int reduction = static_cast<int>(IntArg(node, ArgIndex(node, "reduction"), kReductionMean));
   int64_t ignore_index = IntArg(node, ArgIndex(node, "ignore_index"), -100);
   ShardingRule rule;
-  rule.reads_extents = false;  // kept rows are independent
+  rule.executor.reads_extents = false;  // kept rows are independent
   int n = rule.AddFactor(self.shape[0]);
   rule.factors[n].pad_value = static_cast<double>(ignore_index);
   rule.factors[n].always_mask = true;
@@ -185,8 +185,8 @@ std::optional<ShardingRule> NllLossBackward(const ir::Node& node) {
   set("weight", {{c}});
   if (reduction == kReductionNone) set("grad_output", {{n}});
   rule.results = {{{n}, {c}}};
-  rule.fuses_into_reader = true;  // a scaled one-hot of the targets
-  rule.lower = [c](LocalBuilder& b, std::vector<LocalValue> ops) {
+  rule.cost.fuses_into_reader = true;  // a scaled one-hot of the targets
+  rule.lowering.lower = [c](LocalBuilder& b, std::vector<LocalValue> ops) {
     std::vector<ir::Arg> args = b.WithSlots(b.node().args());
     LocalizeClasses(b, c, ops[InputOfArg(b.node(), "self")].local_shape()[1], ops, args);
     return b.EmitNodeOp(ops, args);
@@ -202,7 +202,7 @@ std::optional<ShardingRule> LayerNorm(const ir::Node& node, bool backward) {
   int64_t batch_dims = input.rank() - static_cast<int64_t>(ns.size());
   if (batch_dims < 0) return std::nullopt;
   ShardingRule rule;
-  rule.reads_extents = false;  // kept rows are independent
+  rule.executor.reads_extents = false;  // kept rows are independent
   TensorFactors fin, fstat, fparam;
   std::vector<int> batch;
   for (int64_t d = 0; d < input.rank(); ++d) {
@@ -241,7 +241,7 @@ std::optional<ShardingRule> Embedding(const ir::Node& node) {
   const TensorType& indices = node.input(1).type();
   if (weight.rank() != 2) return std::nullopt;
   ShardingRule rule;
-  rule.reads_extents = false;  // kept rows are independent
+  rule.executor.reads_extents = false;  // kept rows are independent
   const bool vocab_parallel = indices.rank() > 0;
   int v = rule.AddFactor(weight.shape[0], vocab_parallel ? FactorKind::kReduction
                                                          : FactorKind::kNeedReplication);
@@ -256,7 +256,7 @@ std::optional<ShardingRule> Embedding(const ir::Node& node) {
   fo.push_back({d});
   rule.operands = {{{v}, {d}}, fi};
   rule.results = {fo};
-  rule.lower = [v](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [v](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     const AxisList& axes = b.factor_axes()[v];
     if (axes.empty()) return b.EmitNodeOp(ops);
     const int64_t rows = ops[0].local_shape()[0];
@@ -277,7 +277,7 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   const TensorType& indices = node.input(1).type();
   bool scale_by_freq = BoolArg(node, ArgIndex(node, "scale_grad_by_freq"), false);
   ShardingRule rule;
-  rule.reads_extents = false;  // kept rows are independent
+  rule.executor.reads_extents = false;  // kept rows are independent
   TensorFactors fi;
   for (int64_t size : indices.shape) {
     fi.push_back({rule.AddFactor(size, scale_by_freq ? FactorKind::kNeedReplication : FactorKind::kReduction)});
@@ -299,7 +299,7 @@ std::optional<ShardingRule> EmbeddingBackward(const ir::Node& node) {
   rule.results = {{{v}, {d}}};
   if (!row_parallel) return rule;
   const int64_t padding_idx = node.args()[padding].i;
-  rule.lower = [v, num_weights, padding, padding_idx](LocalBuilder& b,
+  rule.lowering.lower = [v, num_weights, padding, padding_idx](LocalBuilder& b,
                                                       const std::vector<LocalValue>& ops) {
     const AxisList& axes = b.factor_axes()[v];
     if (axes.empty()) return b.EmitNodeOp(ops);

@@ -72,16 +72,16 @@ std::string FactorNotation(const ShardingRule& rule) {
     return f.priority < 0 ? FactorName(i) : std::string();
   });
   std::ostringstream linear;
-  for (size_t o = 0; o < rule.linear_operands.size(); ++o)
-    if (rule.linear_operands[o]) linear << (linear.tellp() > 0 ? ", " : "") << o;
+  for (size_t o = 0; o < rule.algebra.linear_operands.size(); ++o)
+    if (rule.algebra.linear_operands[o]) linear << (linear.tellp() > 0 ? ", " : "") << o;
   if (linear.tellp() > 0) out << " linear={" << linear.str() << "}";
-  if (rule.additive) out << " additive";
-  if (rule.elementwise) out << " elementwise";
-  if (rule.reads_extents) out << " reads_extents";
-  if (rule.reads_strides) out << " reads_strides";
+  if (rule.algebra.additive) out << " additive";
+  if (rule.executor.elementwise) out << " elementwise";
+  if (rule.executor.reads_extents) out << " reads_extents";
+  if (rule.executor.reads_strides) out << " reads_strides";
   static const char* const kViewNames[] = {"", "reshape", "permute", "subset", "other"};
-  if (rule.view != ViewKind::kNone) out << " view=" << kViewNames[static_cast<int>(rule.view)];
-  if (rule.results_must_replicate) out << " must_replicate";
+  if (rule.executor.view != ViewKind::kNone) out << " view=" << kViewNames[static_cast<int>(rule.executor.view)];
+  if (rule.lowering.results_must_replicate) out << " must_replicate";
   return out.str();
 }
 

@@ -13,8 +13,8 @@ namespace {
 
 std::optional<ShardingRule> Pointwise(const ir::Node& node) {
   ShardingRule rule;
-  rule.reads_extents = false;  // each element from the elements at its index
-  rule.elementwise = true;
+  rule.executor.reads_extents = false;  // each element from the elements at its index
+  rule.executor.elementwise = true;
   const TensorType& out = node.output(0);
   TensorFactors result = PassThroughFactors(rule, out);
   for (int o = 0; o < node.num_outputs(); ++o) {
@@ -51,8 +51,8 @@ std::optional<ShardingRule> Factory(const ir::Node& node) {
     rule.operands.push_back(TensorFactors(in.type().rank()));  // new_*: self gives only options
   rule.shape_only_operands.assign(node.inputs().size(), true);
   rule.options_only_operands.assign(node.inputs().size(), true);
-  rule.local_args = LocalSizeArgs(size_arg, ArgIndex(node, "stride"));
-  rule.flops_per_point = 0;  // fills memory, computes nothing
+  rule.lowering.local_args = LocalSizeArgs(size_arg, ArgIndex(node, "stride"));
+  rule.cost.flops_per_point = 0;  // fills memory, computes nothing
   return rule;
 }
 
@@ -85,7 +85,7 @@ std::optional<ShardingRule> MaskedFillScalar(const ir::Node& node) {
   if (!IsFloatingPoint(dtype) || node.input(1).type().dtype != DType::kBool || !value.is_scalar() ||
       value.dynamic || !FillValueFits(value, dtype))
     return rule;
-  rule->lower = [value](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule->lowering.lower = [value](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     const LocalValue& self = ops[0];
     return std::vector<LocalValue>{b.EmitOp(
         "aten::where.ScalarSelf",
@@ -105,7 +105,7 @@ std::optional<ShardingRule> MaskedFillScalar(const ir::Node& node) {
 std::optional<ShardingRule> Cast(const ir::Node& node) {
   std::optional<ShardingRule> rule = Pointwise(node);
   if (rule && FloatCastIsExact(node.input(0).type().dtype, node.output(0).dtype))
-    rule->linear_operands = {true};
+    rule->algebra.linear_operands = {true};
   return rule;
 }
 

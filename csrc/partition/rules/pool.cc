@@ -127,7 +127,7 @@ std::optional<ShardingRule> MaxPool(const ir::Node& node) {
       self, *g, [](int64_t) { return true; }, &fin, &fout);
   rule.operands = {fin};
   rule.results = {fout, fout};
-  rule.lower = [g = *g, space = space](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [g = *g, space = space](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     std::vector<int64_t> padding = g.padding;
     LocalValue x = space.Extend(b, ops[0], padding, -std::numeric_limits<double>::infinity());
     std::vector<LocalValue> r = b.EmitNodeOp({x}, LocalPoolArgs(b, space, padding));
@@ -157,7 +157,7 @@ std::optional<ShardingRule> MaxPoolBackward(const ir::Node& node) {
   rule.results = {fin};
   rule.shape_only_operands.assign(3, false);
   rule.shape_only_operands[in] = true;
-  rule.lower = [g = *g, space = space, in, idx](LocalBuilder& b,
+  rule.lowering.lower = [g = *g, space = space, in, idx](LocalBuilder& b,
                                                 const std::vector<LocalValue>& ops) {
     std::vector<LocalValue> operands = ops;
     std::vector<int64_t> padding = g.padding;
@@ -191,7 +191,7 @@ std::optional<ShardingRule> AvgPool(const ir::Node& node, bool backward) {
   if (!backward) {
     rule.operands = {fin};
     rule.results = {fout};
-    rule.lower = [g = *g, space = space](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+    rule.lowering.lower = [g = *g, space = space](LocalBuilder& b, const std::vector<LocalValue>& ops) {
       std::vector<int64_t> padding = g.padding;
       LocalValue x = space.Extend(b, ops[0], padding, 0.0);
       return b.EmitNodeOp({x}, LocalPoolArgs(b, space, padding));
@@ -204,7 +204,7 @@ std::optional<ShardingRule> AvgPool(const ir::Node& node, bool backward) {
   rule.results = {fin};
   rule.shape_only_operands.assign(2, false);
   rule.shape_only_operands[in] = true;
-  rule.lower = [g = *g, space = space, in](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [g = *g, space = space, in](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     std::vector<LocalValue> operands = ops;
     std::vector<int64_t> padding = g.padding;
     if (!space.AnySharded(b)) return b.EmitNodeOp(operands);
@@ -247,7 +247,7 @@ std::optional<ShardingRule> AdaptiveAvgPool(const ir::Node& node, bool backward)
   }
   rule.operands = {fin};
   rule.results = {fout};
-  rule.local_args = [](const ir::Node& n, const std::vector<Shape>& local) {
+  rule.lowering.local_args = [](const ir::Node& n, const std::vector<Shape>& local) {
     std::vector<Arg> args = n.args();
     const Shape& s = local.at(0);
     args[ArgIndex(n, "output_size")] = Arg::IntList({s[s.size() - 2], s[s.size() - 1]});

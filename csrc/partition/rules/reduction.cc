@@ -34,7 +34,7 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
   std::vector<bool> reduced = ReducedDims(node, in.rank());
   bool keepdim = BoolArg(node, ArgIndex(node, "keepdim"), false);
   ShardingRule rule;
-  rule.reads_extents = false;  // kept dims are independent
+  rule.executor.reads_extents = false;  // kept dims are independent
   TensorFactors operand, result;
   for (int64_t d = 0; d < in.rank(); ++d) {
     if (!reduced[d]) {
@@ -68,7 +68,7 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
   if (combine == Combine::kMean) {
     // The local mean divides by the local (padded) extent: rescale by local/global extent so
     // that summing the partial means over the devices gives the global mean.
-    rule.lower = [reduced](LocalBuilder& b, const std::vector<LocalValue>& operands) {
+    rule.lowering.lower = [reduced](LocalBuilder& b, const std::vector<LocalValue>& operands) {
       std::vector<LocalValue> r = b.EmitNodeOp(operands);
       double scale = 1;
       for (size_t d = 0; d < reduced.size(); ++d)

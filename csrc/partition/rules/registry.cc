@@ -184,10 +184,10 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
   return [inner, operands](const ir::Node& node) -> std::optional<ShardingRule> {
     std::optional<ShardingRule> rule = inner(node);
     if (!rule) return rule;
-    rule->linear_operands.assign(node.inputs().size(), false);
+    rule->algebra.linear_operands.assign(node.inputs().size(), false);
     for (int i : operands) {
-      if (i < 0) rule->linear_operands.assign(node.inputs().size(), true);
-      else if (i < static_cast<int>(node.inputs().size())) rule->linear_operands[i] = true;
+      if (i < 0) rule->algebra.linear_operands.assign(node.inputs().size(), true);
+      else if (i < static_cast<int>(node.inputs().size())) rule->algebra.linear_operands[i] = true;
     }
     return rule;
   };
@@ -195,12 +195,11 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
 
 namespace {
 
-// `inner` with one field of its rule set to `value`.
-template <typename T>
-RuleBuilder WithFlag(RuleBuilder inner, T ShardingRule::*flag, T value) {
-  return [inner = std::move(inner), flag, value](const ir::Node& node) {
+// `inner` with its rule amended by `amend`.
+RuleBuilder Amended(RuleBuilder inner, void (*amend)(ShardingRule&)) {
+  return [inner = std::move(inner), amend](const ir::Node& node) {
     std::optional<ShardingRule> rule = inner(node);
-    if (rule) (*rule).*flag = value;
+    if (rule) amend(*rule);
     return rule;
   };
 }
@@ -208,19 +207,23 @@ RuleBuilder WithFlag(RuleBuilder inner, T ShardingRule::*flag, T value) {
 }  // namespace
 
 RuleBuilder AsView(RuleBuilder inner, ViewKind kind) {
-  return WithFlag(std::move(inner), &ShardingRule::view, kind);
+  return [inner = std::move(inner), kind](const ir::Node& node) {
+    std::optional<ShardingRule> rule = inner(node);
+    if (rule) rule->executor.view = kind;
+    return rule;
+  };
 }
 RuleBuilder Additive(RuleBuilder inner) {
-  return WithFlag(std::move(inner), &ShardingRule::additive, true);
+  return Amended(std::move(inner), [](ShardingRule& r) { r.algebra.additive = true; });
 }
 RuleBuilder Joins(RuleBuilder inner) {
-  return WithFlag(std::move(inner), &ShardingRule::joins, true);
+  return Amended(std::move(inner), [](ShardingRule& r) { r.algebra.joins = true; });
 }
 RuleBuilder ReadsNoExtents(RuleBuilder inner) {
-  return WithFlag(std::move(inner), &ShardingRule::reads_extents, false);
+  return Amended(std::move(inner), [](ShardingRule& r) { r.executor.reads_extents = false; });
 }
 RuleBuilder ReadsStrides(RuleBuilder inner) {
-  return WithFlag(std::move(inner), &ShardingRule::reads_strides, true);
+  return Amended(std::move(inner), [](ShardingRule& r) { r.executor.reads_strides = true; });
 }
 
 TensorFactors PassThroughFactors(ShardingRule& rule, const TensorType& type) {

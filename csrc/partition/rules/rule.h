@@ -86,6 +86,10 @@ inline int DimOfFactor(const TensorFactors& dims, int f) {
 class LocalBuilder;
 struct LocalValue;
 
+// An op's sharding rule, grouped by who reads it: the factors (propagation and factor
+// assignment, and every reader below), the algebra (graph rewrites and pending sums), the
+// lowering (the partitioner), the executor's traits (handed to the runtime as OpTraits) and
+// the cost (partition/cost.cc and the plan floor).
 struct ShardingRule {
   std::vector<Factor> factors;
   std::vector<TensorFactors> operands;  // one per node input (in node->inputs() order)
@@ -102,100 +106,121 @@ struct ShardingRule {
   // whatever layout they have, never resharded (gathering one would only waste a collective).
   std::vector<bool> options_only_operands;
 
-  // The result is zeros with operand 0 written into [start, start + length) of `dim`
-  // (select_backward: one index, the operand lacking the dim; slice_backward with step 1).
-  // partition/simplify.cc joins sums of such results that cover the dim into one stack/cat.
-  struct IntoZeros {
-    int64_t dim = 0;
-    int64_t start = 0;
-    int64_t length = 1;
-    bool stacked = false;  // the operand lacks `dim` (joined by stack, not cat)
+  // What the op's algebra lets the compiler rewrite or carry through it: partition/simplify.cc,
+  // the partitioner's pending partial sums, host bookkeeping.
+  struct Algebra {
+    // The result is zeros with operand 0 written into [start, start + length) of `dim`
+    // (select_backward: one index, the operand lacking the dim; slice_backward with step 1).
+    // partition/simplify.cc joins sums of such results that cover the dim into one stack/cat.
+    struct IntoZeros {
+      int64_t dim = 0;
+      int64_t start = 0;
+      int64_t length = 1;
+      bool stacked = false;  // the operand lacks `dim` (joined by stack, not cat)
+    };
+    std::optional<IntoZeros> into_zeros;
+
+    // The result is rows [start, start + length) of operand 0 along `dim` (slice_copy with step
+    // 1). partition/simplify.cc turns a cat of two such pieces of one tensor that swap its halves
+    // (torch.cat([x[a:], x[:a]])) into torch.roll, whose rule keeps a sharded dim sharded.
+    struct RowsOf {
+      int64_t dim = 0;
+      int64_t start = 0;
+      int64_t length = 0;
+    };
+    std::optional<RowsOf> rows_of;
+
+    // Operands the op is linear in, the other operands fixed: op(a + b) = op(a) + op(b) (views,
+    // transposes, slices, negation, scaling, sums, exact casts). A pending partial *sum* in such
+    // an operand may stay pending through the op, into every result, instead of being reduced
+    // first; the partitioner does so when it is the only partial operand, its axes tile nothing
+    // here, and no result is larger than it (a later reduction must not move more bytes; a result
+    // of a wider dtype only when output reductions are deferred and it can stay pending to an
+    // output).
+    std::vector<bool> linear_operands;
+    // The result is a fixed linear map of the tensor operands together (add, sub; cat and stack,
+    // which place them side by side): when every operand holds a pending partial sum over the
+    // same axes, op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) and the sum stays pending
+    // through the op (gradient accumulation across steps communicates once; the weight
+    // gradients of a pipeline's stacked layers are reduced once, not once per layer).
+    bool additive = false;
+    // The result is the tensor operands placed side by side along a dim (cat, stack), or beside
+    // constant blocks (a constant pad): its extent grows with theirs. Host bookkeeping
+    // (aten/host_bookkeeping.h) runs such joins of token ids and masks on the host, so a
+    // decoding loop's growing ids stay out of its graphs.
+    bool joins = false;
   };
-  std::optional<IntoZeros> into_zeros;
+  Algebra algebra;
 
-  // The result is rows [start, start + length) of operand 0 along `dim` (slice_copy with step
-  // 1). partition/simplify.cc turns a cat of two such pieces of one tensor that swap its halves
-  // (torch.cat([x[a:], x[:a]])) into torch.roll, whose rule keeps a sharded dim sharded.
-  struct RowsOf {
-    int64_t dim = 0;
-    int64_t start = 0;
-    int64_t length = 0;
+  // How the partitioner emits the local computation.
+  struct Lowering {
+    // Emits the local computation given operands already in the layouts the factor assignment
+    // asks for; returns one value per result. Unset: the same op with local shapes, with the
+    // node's args rewritten by `local_args` (when set).
+    std::function<std::vector<LocalValue>(LocalBuilder& b, const std::vector<LocalValue>& operands)>
+        lower;
+    // Rewrites shape-valued args (view sizes, expand sizes, factory sizes) for local shapes.
+    std::function<std::vector<ir::Arg>(const ir::Node& node, const std::vector<Shape>& local_results)>
+        local_args;
+    // Local computation is not the same on every shard (e.g. arange over a sharded dim): only
+    // replicated results are allowed, shards are sliced afterwards.
+    bool results_must_replicate = false;
   };
-  std::optional<RowsOf> rows_of;
+  Lowering lowering;
 
-  // Operands the op is linear in, the other operands fixed: op(a + b) = op(a) + op(b) (views,
-  // transposes, slices, negation, scaling, sums, exact casts). A pending partial *sum* in such
-  // an operand may stay pending through the op, into every result, instead of being reduced
-  // first; the partitioner does so when it is the only partial operand, its axes tile nothing
-  // here, and no result is larger than it (a later reduction must not move more bytes; a result
-  // of a wider dtype only when output reductions are deferred and it can stay pending to an
-  // output).
-  std::vector<bool> linear_operands;
-  // The result is a fixed linear map of the tensor operands together (add, sub; cat and stack,
-  // which place them side by side): when every operand holds a pending partial sum over the
-  // same axes, op(a1 + a2, b1 + b2) = op(a1, b1) + op(a2, b2) and the sum stays pending
-  // through the op (gradient accumulation across steps communicates once; the weight
-  // gradients of a pipeline's stacked layers are reduced once, not once per layer).
-  bool additive = false;
-  // The result is the tensor operands placed side by side along a dim (cat, stack), or beside
-  // constant blocks (a constant pad): its extent grows with theirs. Host bookkeeping
-  // (aten/host_bookkeeping.h) runs such joins of token ids and masks on the host, so a
-  // decoding loop's growing ids stay out of its graphs.
-  bool joins = false;
+  // What the executor may do with the local op (partition/op_traits.h hands it over).
+  struct ExecutorTraits {
+    // A leading dim added to the operands that have the result's rank, and to the results, is
+    // computed alike, each of its indices on its own: every result element is computed from
+    // the operand elements at the same index, operands broadcast onto the result from the
+    // right (pointwise ops; each element of a list op), or at least the op's leading dims
+    // behave so (matmul's batch dims). The executor runs such an op once over all devices'
+    // stacked shards as it is (runtime/executable.cc), without a batching transform.
+    bool elementwise = false;
+    // The op's values may depend on the extents of its dims, not only on the elements at each
+    // index (a loss backward with reduction=mean divides by the element count): the executor may
+    // not run several devices' shards as one call with their rows merged into a dim
+    // (runtime/row_merge.h). Conservative by default: a rule that forgets it costs speed (the
+    // op runs under vmap or per row), never correctness. Rules whose kept dims are independent
+    // say so (reads_extents = false, or ReadsNoExtents at registration).
+    bool reads_extents = true;
+    // The op only re-describes its operand's data (a view, transpose, permutation, broadcast,
+    // slice), and how (ViewKind): an eager runtime hands back a strided view of the same
+    // storage and a compiler folds it into its consumer's layout, so the step-time model
+    // (plan/cost_model.h) charges it no bytes and no kernel, and the executor may return a
+    // view of its operand's host memory (runtime/view_aliasing.h). Its FLOPs and bytes still
+    // appear in the stats.
+    ViewKind view = ViewKind::kNone;
+    // The op's values depend on its operands' memory layout, not only on their elements
+    // (explicit strides, a view that must be expressible on the operand's strides): the
+    // executor hands it contiguous operands. ATen's kernels otherwise accept any strides.
+    bool reads_strides = false;
+  };
+  ExecutorTraits executor;
 
-  // The op computes each result element from operand elements alone, without a reduction,
-  // though it is no pointwise op (nll_loss_backward: the targets' one-hot, scaled): a compiling
-  // runtime computes it inside its one reader's fusion, as it does a pointwise op
-  // (PartitionOptions::fused_memory).
-  bool fuses_into_reader = false;
-  // Per result, the operand it is written over in place (-1: a buffer of its own): the op is an
-  // in-place update that functionalization made functional (the fused optimizer steps, which
-  // have no out-of-place form), so where that operand dies at the op the result takes its
-  // memory (partition/cost.h) instead of being held beside it.
-  std::vector<int> updates_operand;
+  // What the op costs and holds (partition/cost.cc, the plan floor).
+  struct Cost {
+    // Cost, read by partition/cost.cc (which knows no op names): FLOPs per point of the op's
+    // iteration space, the product of its factor sizes; mm's [i,k],[k,j] -> [i,j] is 2 (a
+    // multiply and an add per (i,k,j)); 0 for ops that compute nothing (factories). Unset: one
+    // FLOP per result element (pointwise ops; views and copies are counted the same way).
+    std::optional<double> flops_per_point;
 
-  // Cost, read by partition/cost.cc (which knows no op names): FLOPs per point of the op's
-  // iteration space, the product of its factor sizes; mm's [i,k],[k,j] -> [i,j] is 2 (a
-  // multiply and an add per (i,k,j)); 0 for ops that compute nothing (factories). Unset: one
-  // FLOP per result element (pointwise ops; views and copies are counted the same way).
-  std::optional<double> flops_per_point;
-
-  // Emits the local computation given operands already in the layouts the factor assignment
-  // asks for; returns one value per result. Unset: the same op with local shapes, with the
-  // node's args rewritten by `local_args` (when set).
-  std::function<std::vector<LocalValue>(LocalBuilder& b, const std::vector<LocalValue>& operands)>
-      lower;
-  // Rewrites shape-valued args (view sizes, expand sizes, factory sizes) for local shapes.
-  std::function<std::vector<ir::Arg>(const ir::Node& node, const std::vector<Shape>& local_results)>
-      local_args;
-  // Local computation is not the same on every shard (e.g. arange over a sharded dim): only
-  // replicated results are allowed, shards are sliced afterwards.
-  bool results_must_replicate = false;
-  // A leading dim added to the operands that have the result's rank, and to the results, is
-  // computed alike, each of its indices on its own: every result element is computed from
-  // the operand elements at the same index, operands broadcast onto the result from the
-  // right (pointwise ops; each element of a list op), or at least the op's leading dims
-  // behave so (matmul's batch dims). The executor runs such an op once over all devices'
-  // stacked shards as it is (runtime/executable.cc), without a batching transform.
-  bool elementwise = false;
-  // The op's values may depend on the extents of its dims, not only on the elements at each
-  // index (a loss backward with reduction=mean divides by the element count): the executor may
-  // not run several devices' shards as one call with their rows merged into a dim
-  // (runtime/row_merge.h). Conservative by default: a rule that forgets it costs speed (the
-  // op runs under vmap or per row), never correctness. Rules whose kept dims are independent
-  // say so (reads_extents = false, or ReadsNoExtents at registration).
-  bool reads_extents = true;
-  // The op only re-describes its operand's data (a view, transpose, permutation, broadcast,
-  // slice), and how (ViewKind): an eager runtime hands back a strided view of the same
-  // storage and a compiler folds it into its consumer's layout, so the step-time model
-  // (plan/cost_model.h) charges it no bytes and no kernel, and the executor may return a
-  // view of its operand's host memory (runtime/view_aliasing.h). Its FLOPs and bytes still
-  // appear in the stats.
-  ViewKind view = ViewKind::kNone;
-  // The op's values depend on its operands' memory layout, not only on their elements
-  // (explicit strides, a view that must be expressible on the operand's strides): the
-  // executor hands it contiguous operands. ATen's kernels otherwise accept any strides.
-  bool reads_strides = false;
+    // The op computes each result element from operand elements alone, without a reduction,
+    // though it is no pointwise op (nll_loss_backward: the targets' one-hot, scaled): a compiling
+    // runtime computes it inside its one reader's fusion, as it does a pointwise op
+    // (PartitionOptions::fused_memory).
+    bool fuses_into_reader = false;
+    // Per result, the operand it is written over in place (-1: a buffer of its own): the op is an
+    // in-place update that functionalization made functional (the fused optimizer steps, which
+    // have no out-of-place form), so where that operand dies at the op the result takes its
+    // memory (partition/cost.h) instead of being held beside it.
+    std::vector<int> updates_operand;
+    // The operand whose dtype the op's matrix units run at, where it is not the result's
+    // (-1): an FP8 matmul accumulates into a wider result at the FP8 rate (plan/hardware.h).
+    int compute_dtype_operand = -1;
+  };
+  Cost cost;
 
   int AddFactor(int64_t size, FactorKind kind = FactorKind::kPassThrough) {
     Factor f;

@@ -78,8 +78,8 @@ std::optional<ShardingRule> MoveRows(const ir::Node& node, Move move) {
   }
   for (int64_t& d : dims) d = WrapDim(d, in.rank());
   ShardingRule rule;
-  rule.reads_extents = false;  // the other dims are independent
-  rule.linear_operands = {true};
+  rule.executor.reads_extents = false;  // the other dims are independent
+  rule.algebra.linear_operands = {true};
   TensorFactors fs = PassThroughFactors(rule, in);
   rule.operands = {fs};
   rule.results = {fs};
@@ -90,7 +90,7 @@ std::optional<ShardingRule> MoveRows(const ir::Node& node, Move move) {
     f.couples_tiles = true;
     moved.push_back(fs[d][0]);
   }
-  rule.lower = [move, dims, shifts, moved](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [move, dims, shifts, moved](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     // Unsharded dims (and, for flip, every dim's rows within its tile) move locally first.
     std::vector<int64_t> local_dims, local_shifts;
     for (size_t i = 0; i < dims.size(); ++i) {

@@ -127,7 +127,7 @@ std::optional<ShardingRule> Normalize(const ir::Node& node, Normalizer kind) {
     if (v.type().shape != in.shape) return std::nullopt;
   if (node.output(0).shape != in.shape) return std::nullopt;
   ShardingRule rule;
-  rule.reads_extents = false;  // rows are independent
+  rule.executor.reads_extents = false;  // rows are independent
   TensorFactors fs = PassThroughFactors(rule, in);
   rule.operands.assign(node.inputs().size(), fs);
   rule.results = {fs};
@@ -149,7 +149,7 @@ std::optional<ShardingRule> Normalize(const ir::Node& node, Normalizer kind) {
   const bool forward = kind == Normalizer::kSoftmax || kind == Normalizer::kLogSoftmax;
   f.pad_value = forward ? -std::numeric_limits<double>::infinity() : 0.0;
   const int factor = fs[d][0];
-  rule.lower = [kind, d, factor](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [kind, d, factor](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     const AxisList& axes = b.factor_axes()[factor];
     if (axes.empty()) return b.EmitNodeOp(ops);
     return LowerSharded(b, ops, kind, d, axes);
@@ -170,7 +170,7 @@ std::optional<ShardingRule> LogSumExp(const ir::Node& node) {
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
   const bool keepdim = BoolArg(node, ArgIndex(node, "keepdim"), false);
   ShardingRule rule;
-  rule.reads_extents = false;  // kept dims are independent
+  rule.executor.reads_extents = false;  // kept dims are independent
   TensorFactors operand, result;
   std::vector<int> reduced;
   for (int64_t d = 0; d < in.rank(); ++d) {
@@ -188,7 +188,7 @@ std::optional<ShardingRule> LogSumExp(const ir::Node& node) {
   }
   rule.operands = {operand};
   rule.results = {result};
-  rule.lower = [dims, keepdim, reduced](LocalBuilder& b, const std::vector<LocalValue>& ops) {
+  rule.lowering.lower = [dims, keepdim, reduced](LocalBuilder& b, const std::vector<LocalValue>& ops) {
     bool sharded = false;
     for (int f : reduced) sharded |= !b.factor_axes()[f].empty();
     if (!sharded) return b.EmitNodeOp(ops);

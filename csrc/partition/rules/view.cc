@@ -24,7 +24,7 @@ RuleBuilder WithLocalSize(RuleBuilder inner, const char* name) {
     std::optional<ShardingRule> rule = inner(node);
     int idx = ArgIndex(node, name);
     if (!rule || idx < 0) return rule;
-    rule->local_args = LocalSizeArgs(idx, ArgIndex(node, "stride"));
+    rule->lowering.local_args = LocalSizeArgs(idx, ArgIndex(node, "stride"));
 
     return rule;
   };
@@ -206,7 +206,7 @@ RuleBuilder WithRowsOf(RuleBuilder inner) {
     const int start_index = ArgIndex(node, "start");
     int64_t start = start_index < 0 || node.arg(start_index).is_none() ? 0 : node.arg(start_index).i;
     start = std::clamp<int64_t>(start < 0 ? start + n : start, 0, n);
-    rule->rows_of = ShardingRule::RowsOf{d, start, node.output(0).shape[d]};
+    rule->algebra.rows_of = ShardingRule::Algebra::RowsOf{d, start, node.output(0).shape[d]};
     return rule;
   };
 }
@@ -309,16 +309,16 @@ std::optional<ShardingRule> IntoZeros(const ir::Node& node, bool select) {
   }
   rule.operands = {fgrad};
   rule.results = {fout};
-  rule.local_args = LocalSizeArgs(ArgIndex(node, "input_sizes"));
+  rule.lowering.local_args = LocalSizeArgs(ArgIndex(node, "input_sizes"));
   // Where grad lands (ShardingRule::into_zeros); not described for strided slices.
   const int64_t size = out.shape[dim];
   if (select) {
     const int64_t index = IntArg(node, ArgIndex(node, "index"));
-    rule.into_zeros = ShardingRule::IntoZeros{dim, index < 0 ? index + size : index, 1, true};
+    rule.algebra.into_zeros = ShardingRule::Algebra::IntoZeros{dim, index < 0 ? index + size : index, 1, true};
   } else if (IntArg(node, ArgIndex(node, "step"), 1) == 1) {
     int64_t start = IntArg(node, ArgIndex(node, "start"));
     start = std::clamp<int64_t>(start < 0 ? start + size : start, 0, size);
-    rule.into_zeros = ShardingRule::IntoZeros{dim, start, grad.shape[dim], false};
+    rule.algebra.into_zeros = ShardingRule::Algebra::IntoZeros{dim, start, grad.shape[dim], false};
   }
   return rule;
 }

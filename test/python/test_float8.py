@@ -1,0 +1,165 @@
+"""FP8 on the spmd device: float8 tensors and casts, and ``torch._scaled_mm`` (the matmul of
+Float8 training, torchao's Float8Linear) sharded over each of its dims, with tensorwise and
+rowwise scales, equal to CPU with the shard padding poisoned (NaN, which FP8 E4M3 holds)."""
+import pytest
+import torch
+
+from spmd_diff import check, constrain, ensure_devices, mesh_of, no_collectives, only
+from torch_spmd.debug import metrics
+
+F8 = torch.float8_e4m3fn
+pytestmark = pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="torch without FP8 mm")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def devices():
+    ensure_devices()
+    yield
+
+
+def T(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed + 11 * sum(shape))
+    return torch.randn(*shape, generator=g)
+
+
+def scaled_mm(a, b, sa, sb, out_dtype=torch.float32, bias=None):
+    return torch._scaled_mm(a.to(F8), b.to(F8), sa, sb, bias=bias, out_dtype=out_dtype)
+
+
+def check_recorded(*args, **kwargs):
+    """``check``, and the matmul was partitioned on the devices (not run on the host)."""
+    before = metrics.counter_value("aten::_scaled_mm") or 0
+    r = check(*args, **kwargs)
+    assert (metrics.counter_value("aten::_scaled_mm") or 0) == before, "_scaled_mm ran eagerly"
+    assert r.fwd_stats["flops_per_device"] > 0
+    return r
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_tensors_cast_and_gather_as_one_byte_values(dtype):
+    # A cast to FP8 runs on the shards; gathering the FP8 tensor moves one byte per element.
+    mesh = mesh_of((8,))
+    r = check(lambda x: constrain(x.to(dtype), (None, None)).to(torch.float32), [T(10, 6)],
+              [("x", None)], mesh, fwd=only("all-gather"))
+    gathers = [c for c in r.fwd_stats["collectives"] if c["kind"] == "all-gather"]
+    assert gathers and all(c["bytes"] * 8 == 16 * 6 for c in gathers)  # 2 padded rows of 6 bytes
+
+
+def reduces(cs):
+    """The partial sums of a sharded contraction reduced: one or more reductions, nothing else."""
+    return bool(cs) and only("all-reduce", "reduce-scatter")(cs)
+
+
+# (a's spec, b's spec, the forward's collectives): rows, columns, the contraction (partial
+# sums: one reduction), two axes at once, uneven dims.
+CASES = [
+    ((8,), ("x", None), (None, None), no_collectives),
+    ((8,), (None, None), (None, "x"), no_collectives),
+    ((8,), (None, "x"), ("x", None), reduces),
+    ((4, 2), ("data", "model"), ("model", None), reduces),
+    ((4, 2), ("data", None), (None, "model"), no_collectives),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,spec_a,spec_b,fwd", CASES)
+@pytest.mark.parametrize("shape", [(16, 32, 8), (10, 12, 6)], ids=["even", "uneven"])
+def test_scaled_mm_tensorwise(mesh_shape, spec_a, spec_b, fwd, shape):
+    m, k, n = shape
+    mesh = mesh_of(mesh_shape)
+    check_recorded(scaled_mm, [T(m, k), T(k, n, seed=1), torch.tensor(0.5), torch.tensor(2.0)],
+          [spec_a, spec_b, None, None], mesh, fwd=fwd if shape[1] % 8 == 0 else None)
+
+
+@pytest.mark.parametrize("mesh_shape,spec_a,spec_b,fwd", CASES)
+def test_scaled_mm_rowwise_scales_follow_their_rows_and_columns(mesh_shape, spec_a, spec_b, fwd):
+    # Float8Linear's rowwise scaling: a scale per row of a ([m, 1]) and per column of b ([1, n]).
+    mesh = mesh_of(mesh_shape)
+    sa = T(16, 1, seed=2).abs() + 0.5
+    sb = T(1, 8, seed=3).abs() + 0.5
+    check_recorded(scaled_mm, [T(16, 32), T(32, 8, seed=1), sa, sb],
+          [spec_a, spec_b, (spec_a[0], None), (None, spec_b[1])], mesh, fwd=fwd)
+
+
+def test_scaled_mm_with_a_bias_gathers_a_sharded_contraction():
+    # A bias is added once: the contraction is not left as partial sums, it is gathered.
+    mesh = mesh_of((8,))
+    bias = T(8, seed=4).to(torch.bfloat16)
+    r = check_recorded(lambda a, b, sa, sb, c: scaled_mm(a, b, sa, sb, torch.bfloat16, c),
+              [T(16, 32), T(32, 8, seed=1), torch.tensor(0.5), torch.tensor(2.0), bias],
+              [(None, "x"), ("x", None), None, None, None], mesh, fwd=only("all-gather"))
+    assert r.fwd_stats["collectives"]  # (k gathered, not reduced)
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """x @ w.t() in FP8 with tensorwise dynamic scaling, forward and backward, as torchao's
+    Float8Linear computes it (E4M3 for x and w, E5M2 for the gradient; each scale from the
+    tensor's amax). A stand-in for torchao, which is not installed here."""
+
+    @staticmethod
+    def _cast(t, dtype):
+        amax = t.abs().max().float().clamp(min=1e-12)
+        scale = torch.finfo(dtype).max / amax
+        return (t.float() * scale).to(dtype), scale.reciprocal()
+
+    @staticmethod
+    def forward(ctx, x, w):
+        x8, sx = _Float8Matmul._cast(x, torch.float8_e4m3fn)
+        w8, sw = _Float8Matmul._cast(w, torch.float8_e4m3fn)
+        ctx.save_for_backward(x8, sx, w8, sw)
+        return torch._scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x8, sx, w8, sw = ctx.saved_tensors
+        g8, sg = _Float8Matmul._cast(grad, torch.float8_e5m2)
+        grad_x = torch._scaled_mm(g8, w8.to(torch.float8_e5m2), sg, sw, out_dtype=torch.float32)
+        grad_w = torch._scaled_mm(g8.t().contiguous(), x8.to(torch.float8_e5m2), sg, sx,
+                                  out_dtype=torch.float32)
+        return grad_x, grad_w
+
+
+@pytest.mark.parametrize("mesh_shape,spec_x,spec_w", [
+    ((8,), ("x", None), (None, None)),             # data parallel
+    ((8,), ("x", None), ("x", None)),              # FSDP: the weight's rows sharded too
+    ((4, 2), ("data", None), ("model", None)),     # 2-D: column-parallel weight
+    ((4, 2), ("data", "model"), (None, "model")),  # row-parallel: a sharded contraction
+])
+def test_float8_linear_trains_sharded_equal_to_cpu(mesh_shape, spec_x, spec_w):
+    # Forward and backward of a Float8 linear, every scale an amax over the sharded tensor
+    # (a reduction across devices), the gradients' FP8 matmuls sharded as their operands are.
+    mesh = mesh_of(mesh_shape)
+    before = metrics.counter_value("aten::_scaled_mm") or 0
+    check(lambda x, w: _Float8Matmul.apply(x, w), [T(16, 32), T(8, 32, seed=1)],
+          [spec_x, spec_w], mesh, grad=True)
+    assert (metrics.counter_value("aten::_scaled_mm") or 0) == before, "_scaled_mm ran eagerly"
+
+
+@pytest.mark.parametrize("fp8_peak,expected_peak", [(6.4e14, 6.4e14), (0.0, 1.6e14)],
+                         ids=["fp8-units", "no-fp8-units"])
+def test_planned_fp8_matmul_runs_at_the_fp8_peak(fp8_peak, expected_peak):
+    # A _scaled_mm computes at its operands' FP8 rate into a float32 result; a chip without FP8
+    # units (peak_flops_fp8 0: A100, the TPUs) runs it at the bf16 rate.
+    import numpy as np
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    import torch_spmd.plan as plan
+    from torch_spmd import _C
+    from torch_spmd.debug import last_step_stats
+    hw = plan.hardware.resolve(dict(peak_flops_bf16=1.6e14, peak_flops_fp32=1e13,
+                                    peak_flops_fp8=fp8_peak, hbm_bytes=16 << 30,
+                                    hbm_bandwidth=1e30, ring_bandwidth=1e10))
+    with plan.Plan(hardware=hw):
+        mesh = xs.Mesh(np.arange(8), (8,), ("x",))
+        a = torch.empty(64, 128, device="spmd")
+        b = torch.empty(128, 32, device="spmd")
+        xs.mark_sharding(a, mesh, ("x", None))
+        out = scaled_mm(a, b, torch.tensor(1.0).to("spmd"), torch.tensor(1.0).to("spmd"))
+        xm.mark_step()
+        stats = last_step_stats()
+        seconds = _C._estimate_last_step(hw)["op_seconds"]
+    mms = [(dtype, flops, s) for (op, flops, _, _, dtype, _, _), s
+           in zip(stats["op_costs"], seconds) if op == "aten::_scaled_mm"]
+    assert out.dtype == torch.float32 and len(mms) == 1
+    dtype, flops, s = mms[0]
+    assert dtype == "f8e4m3fn" and flops == 2 * 8 * 128 * 32  # each device's 8 rows
+    assert s == pytest.approx(flops / expected_peak, rel=1e-9)
