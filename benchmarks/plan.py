@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
@@ -292,11 +291,10 @@ STUDIES = {
 
 
 def run_child(name: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", name], capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=1800)
-    if out.returncode != 0:
-        return dict(study=name, error=out.stderr.strip().splitlines()[-1] if out.stderr else "?")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, HERE)
+    from common.children import run_json_child
+    result = run_json_child(__file__, ["--child", name], ROOT)
+    return dict(result, study=name) if "error" in result else result
 
 
 def table(results: dict) -> str:

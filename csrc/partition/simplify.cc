@@ -12,6 +12,14 @@ namespace spmd::partition {
 
 namespace {
 
+using Form = ShardingRule::Algebra::Form;
+
+// The identity the op's rule says it is (ShardingRule::Algebra::form), if any.
+Form FormOf(const ir::Node& n) {
+  RulePtr rule = GetRule(n);
+  return rule ? rule->algebra.form : Form::kNone;
+}
+
 // One gradient written into zeros: it fills [start, start + length) of the result's `dim`.
 struct Piece {
   ir::Value grad;
@@ -186,7 +194,7 @@ class Simplifier {
   }
 
   std::optional<ZerosSum> ComputeSum(const ir::Node& n) {
-    if (n.op()->qualified != "aten::add.Tensor") return IntoZeros(n);
+    if (FormOf(n) != Form::kSum) return IntoZeros(n);
     const int alpha = ArgIndex(n, "alpha");
     if (alpha < 0 || !IsUnitScalar(n.arg(alpha))) return std::nullopt;
     std::optional<ZerosSum> a = Collect(n.input(0));
@@ -205,8 +213,8 @@ class Simplifier {
 
   ir::NodePtr Rewrite(const ir::Node& n,
                       const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
-    if (n.op()->qualified == "aten::cat") return RollOfSwappedHalves(n, replaced);
-    if (n.op()->qualified == "aten::constant_pad_nd") return FilledShift(n, replaced);
+    if (FormOf(n) == Form::kConcatenation) return RollOfSwappedHalves(n, replaced);
+    if (FormOf(n) == Form::kConstantPad) return FilledShift(n, replaced);
     return JoinedGradients(n, replaced);
   }
 
@@ -351,7 +359,7 @@ class Simplifier {
   // A stack or cat of the gradients when `n` sums pieces that cover their whole dim.
   ir::NodePtr JoinedGradients(const ir::Node& n,
                               const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
-    if (n.op()->qualified != "aten::add.Tensor") return nullptr;
+    if (FormOf(n) != Form::kSum) return nullptr;
     std::optional<ZerosSum> sum = Sum(n);  // a copy: sorted below
     if (!sum) return nullptr;
     int64_t covered = 0;

@@ -60,3 +60,19 @@ def test_auto_shard_benchmark_runs_one_case():
     cells = [c.strip() for c in rows[-1].split("|")[1:-1]]
     assert cells[1] in ("dp", "fsdp") or cells[1].startswith(("tp ", "fsdp-tp ")), cells
     float(cells[4])  # auto / hand
+
+
+def test_float8_plan_benchmark_plans_both_rows():
+    # benchmarks/float8_plan.py (issue 50): both plans run; the Float8 row's FLOP-bound time is
+    # below the bf16 row's (its linears at the FP8 peak), its FLOPs the same within 1%.
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "float8_plan.py")],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]]
+            for l in proc.stdout.splitlines() if l.startswith("| bf16") or l.startswith("| Float8")}
+    assert set(rows) == {"bf16 linears", "Float8 linears (blocks)"}, proc.stdout
+    flops = {k: float(v[0].split()[0]) for k, v in rows.items()}
+    bound = {k: float(v[1].split("(")[1].split("+")[0]) for k, v in rows.items()}
+    assert abs(flops["Float8 linears (blocks)"] / flops["bf16 linears"] - 1) < 0.01
+    assert bound["Float8 linears (blocks)"] < 0.6 * bound["bf16 linears"]

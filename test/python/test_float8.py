@@ -6,6 +6,7 @@ import torch
 
 from spmd_diff import check, constrain, ensure_devices, mesh_of, no_collectives, only
 from torch_spmd.debug import metrics
+from torch_spmd.experimental.float8 import convert_to_float8_training, float8_matmul
 
 F8 = torch.float8_e4m3fn
 
@@ -108,34 +109,6 @@ def test_scaled_mm_with_a_bias_gathers_a_sharded_contraction():
     assert r.fwd_stats["collectives"]  # (k gathered, not reduced)
 
 
-class _Float8Matmul(torch.autograd.Function):
-    """x @ w.t() in FP8 with tensorwise dynamic scaling, forward and backward, as torchao's
-    Float8Linear computes it (E4M3 for x and w, E5M2 for the gradient; each scale from the
-    tensor's amax). A stand-in for torchao, which is not installed here."""
-
-    @staticmethod
-    def _cast(t, dtype):
-        amax = t.abs().max().float().clamp(min=1e-12)
-        scale = torch.finfo(dtype).max / amax
-        return (t.float() * scale).to(dtype), scale.reciprocal()
-
-    @staticmethod
-    def forward(ctx, x, w):
-        x8, sx = _Float8Matmul._cast(x, torch.float8_e4m3fn)
-        w8, sw = _Float8Matmul._cast(w, torch.float8_e4m3fn)
-        ctx.save_for_backward(x8, sx, w8, sw)
-        return torch._scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x8, sx, w8, sw = ctx.saved_tensors
-        g8, sg = _Float8Matmul._cast(grad, torch.float8_e5m2)
-        grad_x = torch._scaled_mm(g8, w8.to(torch.float8_e5m2), sg, sw, out_dtype=torch.float32)
-        grad_w = torch._scaled_mm(g8.t().contiguous(), x8.to(torch.float8_e5m2), sg, sx,
-                                  out_dtype=torch.float32)
-        return grad_x, grad_w
-
-
 @needs_scaled_mm
 @pytest.mark.parametrize("mesh_shape,spec_x,spec_w", [
     ((8,), ("x", None), (None, None)),             # data parallel
@@ -144,12 +117,13 @@ class _Float8Matmul(torch.autograd.Function):
     ((4, 2), ("data", "model"), (None, "model")),  # row-parallel: a sharded contraction
 ])
 def test_float8_linear_trains_sharded_equal_to_cpu(mesh_shape, spec_x, spec_w):
-    # Forward and backward of a Float8 linear, every scale an amax over the sharded tensor
-    # (a reduction across devices), the gradients' FP8 matmuls sharded as their operands are.
+    # Forward and backward of a Float8 linear as torchao computes one (amax scales, E4M3
+    # forward, E5M2 gradient; torch_spmd.experimental.float8), every scale an amax over the
+    # sharded tensor (a reduction across devices), the gradients' FP8 matmuls sharded as their
+    # operands are.
     mesh = mesh_of(mesh_shape)
     before = metrics.counter_value("aten::_scaled_mm") or 0
-    check(lambda x, w: _Float8Matmul.apply(x, w), [T(16, 32), T(8, 32, seed=1)],
-          [spec_x, spec_w], mesh, grad=True)
+    check(float8_matmul, [T(16, 32), T(8, 32, seed=1)], [spec_x, spec_w], mesh, grad=True)
     assert (metrics.counter_value("aten::_scaled_mm") or 0) == before, "_scaled_mm ran eagerly"
 
 
@@ -183,3 +157,28 @@ def test_planned_fp8_matmul_runs_at_the_fp8_peak(fp8_peak, expected_peak):
     dtype, flops, s = mms[0]
     assert dtype == "f8e4m3fn" and flops == 2 * 8 * 128 * 32  # each device's 8 rows
     assert s == pytest.approx(flops / expected_peak, rel=1e-9)
+
+
+@needs_scaled_mm
+def test_converted_model_trains_sharded_equal_to_cpu():
+    # convert_to_float8_training swaps the Linear layers (torchao's entry point); an MLP under
+    # 2-D sharding (column- then row-parallel weights) trains one step equal to CPU.
+    import copy
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    dev = convert_to_float8_training(copy.deepcopy(cpu)).to("spmd")
+    convert_to_float8_training(cpu)
+    assert all(type(m).__name__ == "Float8Linear" for m in (dev[0], dev[2]))
+    mesh = mesh_of((4, 2))
+    xs.mark_sharding(dev[0].weight, mesh, ("model", None))
+    xs.mark_sharding(dev[2].weight, mesh, (None, "model"))
+    x = T(8, 32, seed=5)
+    xd = x.to("spmd")
+    xs.mark_sharding(xd, mesh, ("data", None))
+    for model, inp in ((cpu, x), (dev, xd)):
+        model(inp).pow(2).mean().backward()
+    xm.mark_step()
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=2e-5, atol=2e-5, msg=name)

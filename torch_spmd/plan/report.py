@@ -282,12 +282,14 @@ def build_report(num_devices: int, hardware: dict, planned: bool = True) -> Plan
         g["seconds"] += t["seconds"]
         g["exposed_seconds"] += t["exposed_seconds"]
     # The dtype most model FLOPs use decides the peak MFU is measured against.
+    # (FP8 matmuls: the FP8 peak, the bf16 one on chips without FP8 units, as plan/hardware.h.)
+    peaks = {"fp32": hardware["peak_flops_fp32"], "half": hardware["peak_flops_bf16"],
+             "fp8": hardware.get("peak_flops_fp8") or hardware["peak_flops_bf16"]}
     by_dtype = {}
     for _, _, model_flops, _, dtype, *_ in stats["op_costs"]:
-        half = dtype in ("bf16", "f16")
-        by_dtype[half] = by_dtype.get(half, 0.0) + model_flops
-    peak = hardware["peak_flops_bf16"] if by_dtype.get(True, 0) > by_dtype.get(False, 0) \
-        else hardware["peak_flops_fp32"]
+        kind = "fp8" if dtype.startswith("f8") else "half" if dtype in ("bf16", "f16") else "fp32"
+        by_dtype[kind] = by_dtype.get(kind, 0.0) + model_flops
+    peak = peaks[max(("fp32", "half", "fp8"), key=lambda k: by_dtype.get(k, 0.0))]
     step = est["step_seconds"]
     capacity = step * num_devices * peak
     recomputed = stats.get("recomputed_flops", 0.0)

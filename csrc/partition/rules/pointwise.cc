@@ -159,7 +159,9 @@ void RegisterPointwiseRules() {
   // Views of their operand in the program the user wrote (the functional IR copies them).
   RegisterRules({"aten::detach_copy", "aten::alias_copy", "aten::lift_fresh_copy", "aten::lift_fresh"},
                 AsView(LinearIn(Pointwise, {-1}), ViewKind::kReshape));
-  RegisterRules({"aten::add.Tensor", "aten::sub.Tensor"}, Additive(Pointwise));
+  RegisterRule("aten::add.Tensor",
+               WithForm(Additive(Pointwise), ShardingRule::Algebra::Form::kSum));
+  RegisterRule("aten::sub.Tensor", Additive(Pointwise));
   RegisterRule("aten::div.Tensor", LinearIn(Pointwise, {0}));
   RegisterRule("aten::div.Scalar", LinearIn(Pointwise, {0}));
   RegisterRule("aten::masked_fill.Scalar", MaskedFillScalar);

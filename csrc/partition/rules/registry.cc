@@ -213,6 +213,13 @@ RuleBuilder AsView(RuleBuilder inner, ViewKind kind) {
     return rule;
   };
 }
+RuleBuilder WithForm(RuleBuilder inner, ShardingRule::Algebra::Form form) {
+  return [inner = std::move(inner), form](const ir::Node& node) {
+    std::optional<ShardingRule> rule = inner(node);
+    if (rule) rule->algebra.form = form;
+    return rule;
+  };
+}
 RuleBuilder Additive(RuleBuilder inner) {
   return Amended(std::move(inner), [](ShardingRule& r) { r.algebra.additive = true; });
 }

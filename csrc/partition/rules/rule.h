@@ -149,6 +149,12 @@ struct ShardingRule {
     // (aten/host_bookkeeping.h) runs such joins of token ids and masks on the host, so a
     // decoding loop's growing ids stay out of its graphs.
     bool joins = false;
+    // The identity partition/simplify.cc rewrites the op by, if any: the sum of its two
+    // operands (add with alpha 1: gradient pieces summed into zeros become one stack or cat),
+    // its operands side by side (cat: the two halves of one tensor swapped become a roll), a
+    // constant pad (a shifted copy filled with the constant becomes a roll and a mask).
+    enum class Form : uint8_t { kNone, kSum, kConcatenation, kConstantPad };
+    Form form = Form::kNone;
   };
   Algebra algebra;
 
@@ -263,6 +269,8 @@ RuleBuilder Additive(RuleBuilder inner);
 RuleBuilder Joins(RuleBuilder inner);
 // `inner` with ShardingRule::view set to `kind`.
 RuleBuilder AsView(RuleBuilder inner, ViewKind kind);
+// `inner` with ShardingRule::Algebra::form set to `form`.
+RuleBuilder WithForm(RuleBuilder inner, ShardingRule::Algebra::Form form);
 // `inner` with ShardingRule::reads_extents cleared.
 RuleBuilder ReadsNoExtents(RuleBuilder inner);
 // `inner` with ShardingRule::reads_strides set.

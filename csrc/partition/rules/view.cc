@@ -359,8 +359,9 @@ void RegisterViewRules() {
                 ReadsNoExtents(AsView(LinearIn(SqueezeLike), ViewKind::kReshape)));
   RegisterRules({"aten::select_copy", "aten::unbind_copy"},
                 ReadsNoExtents(AsView(LinearIn(Select), ViewKind::kSubset)));
-  RegisterRule("aten::cat",
-               Joins(Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, false); }))));
+  RegisterRule("aten::cat", WithForm(Joins(Additive(ReadsNoExtents(
+                                         [](const ir::Node& n) { return Join(n, false); }))),
+                                     ShardingRule::Algebra::Form::kConcatenation));
   RegisterRule("aten::stack",
                Joins(Additive(ReadsNoExtents([](const ir::Node& n) { return Join(n, true); }))));
   RegisterRule("aten::slice_scatter",
@@ -379,7 +380,9 @@ void RegisterViewRules() {
                 ReadsNoExtents(Positional(DimArg)));
   // (flip and roll: shift.cc.)
   RegisterRules({"aten::tril", "aten::triu"}, ReadsNoExtents(LinearIn(Positional(LastTwo))));
-  RegisterRule("aten::constant_pad_nd", ReadsNoExtents(Joins(Positional(PaddedDims))));
+  RegisterRule("aten::constant_pad_nd",
+               WithForm(ReadsNoExtents(Joins(Positional(PaddedDims))),
+                        ShardingRule::Algebra::Form::kConstantPad));
   RegisterRule("aten::repeat", ReadsNoExtents(Positional(AllDims)));
 }
 
