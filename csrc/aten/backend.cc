@@ -139,7 +139,7 @@ bool CheckMutationDevices(const c10::OperatorHandle& op, const torch::jit::Stack
         if (e.isTensor() && F::isFunctionalTensor(e.toTensor())) any_functional = true;
   }
   if (!any_functional || !host) return false;
-  if (const NamedOp* named = FindNamedOp(op.schema().name()); named && named->may_write_host) {
+  if (NamedOpSays(op.schema().name(), &NamedOp::may_write_host)) {
     // Device -> host copy into a host tensor: legal; the caller does it. Host -> device: the
     // functionalization kernel uploads.
     return !F::isFunctionalTensor(stack[stack.size() - num_args].toTensor());
@@ -412,8 +412,7 @@ void RegisterBackend() {
           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
       if (!explicit_composite) continue;
-      if (const NamedOp* named = FindNamedOp(name.name); named && named->keeps_composite_kernel)
-        continue;
+      if (NamedOpSays(name.name, &NamedOp::keeps_composite_kernel)) continue;
       std::string short_name = name.name.substr(6);
       if (!name.overload_name.empty()) short_name += "." + name.overload_name;
       // List ops without a sharding rule (_foreach_norm, ...), which would run replicated,

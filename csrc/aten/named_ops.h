@@ -40,6 +40,11 @@ struct NamedOp {
 // The entry for `name` (a qualified name: "aten::clone", "aten::add.Tensor"; the schema name
 // alone where the overload is empty), or null.
 const NamedOp* FindNamedOp(const std::string& name);
+// Whether `name` has an entry whose `flag` is set.
+inline bool NamedOpSays(const std::string& name, bool NamedOp::*flag) {
+  const NamedOp* op = FindNamedOp(name);
+  return op && op->*flag;
+}
 
 // Every op the table names (its entries and the ops they record as), sorted.
 std::vector<std::string> NamedOpNames();

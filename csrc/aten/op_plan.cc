@@ -63,7 +63,7 @@ const c10::OperatorHandle* FindViewOp(const c10::FunctionSchema& schema) {
   if (IsViewSchema(schema)) {
     view = dispatcher.findOp(c10::OperatorName(name, schema.overload_name()));
   } else if (name.size() > 5 && name.compare(name.size() - 5, 5, "_copy") == 0 &&
-             !(FindNamedOp(name) && FindNamedOp(name)->not_a_view_copy)) {
+             !NamedOpSays(name, &NamedOp::not_a_view_copy)) {
     auto op = dispatcher.findOp(
         c10::OperatorName(name.substr(0, name.size() - 5), schema.overload_name()));
     if (op && op->hasSchema() && IsViewSchema(op->schema())) view = *op;

@@ -213,9 +213,13 @@ class Simplifier {
 
   ir::NodePtr Rewrite(const ir::Node& n,
                       const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
-    if (FormOf(n) == Form::kConcatenation) return RollOfSwappedHalves(n, replaced);
-    if (FormOf(n) == Form::kConstantPad) return FilledShift(n, replaced);
-    return JoinedGradients(n, replaced);
+    switch (FormOf(n)) {
+      case Form::kConcatenation: return RollOfSwappedHalves(n, replaced);
+      case Form::kConstantPad: return FilledShift(n, replaced);
+      case Form::kSum: return JoinedGradients(n, replaced);
+      case Form::kNone: return nullptr;
+    }
+    return nullptr;
   }
 
   // A new node for a rewrite of `like`, carrying its scope and phase.
@@ -356,10 +360,10 @@ class Simplifier {
     return Roll(n, Remap(x, replaced), size - a, d);
   }
 
-  // A stack or cat of the gradients when `n` sums pieces that cover their whole dim.
+  // A stack or cat of the gradients when `n`, a sum (Form::kSum), adds pieces that cover their
+  // whole dim.
   ir::NodePtr JoinedGradients(const ir::Node& n,
                               const std::unordered_map<const ir::Node*, ir::NodePtr>& replaced) {
-    if (FormOf(n) != Form::kSum) return nullptr;
     std::optional<ZerosSum> sum = Sum(n);  // a copy: sorted below
     if (!sum) return nullptr;
     int64_t covered = 0;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -196,8 +197,8 @@ RuleBuilder LinearIn(RuleBuilder inner, std::vector<int> operands) {
 namespace {
 
 // `inner` with its rule amended by `amend`.
-RuleBuilder Amended(RuleBuilder inner, void (*amend)(ShardingRule&)) {
-  return [inner = std::move(inner), amend](const ir::Node& node) {
+RuleBuilder Amended(RuleBuilder inner, std::function<void(ShardingRule&)> amend) {
+  return [inner = std::move(inner), amend = std::move(amend)](const ir::Node& node) {
     std::optional<ShardingRule> rule = inner(node);
     if (rule) amend(*rule);
     return rule;
@@ -207,18 +208,10 @@ RuleBuilder Amended(RuleBuilder inner, void (*amend)(ShardingRule&)) {
 }  // namespace
 
 RuleBuilder AsView(RuleBuilder inner, ViewKind kind) {
-  return [inner = std::move(inner), kind](const ir::Node& node) {
-    std::optional<ShardingRule> rule = inner(node);
-    if (rule) rule->executor.view = kind;
-    return rule;
-  };
+  return Amended(std::move(inner), [kind](ShardingRule& r) { r.executor.view = kind; });
 }
 RuleBuilder WithForm(RuleBuilder inner, ShardingRule::Algebra::Form form) {
-  return [inner = std::move(inner), form](const ir::Node& node) {
-    std::optional<ShardingRule> rule = inner(node);
-    if (rule) rule->algebra.form = form;
-    return rule;
-  };
+  return Amended(std::move(inner), [form](ShardingRule& r) { r.algebra.form = form; });
 }
 RuleBuilder Additive(RuleBuilder inner) {
   return Amended(std::move(inner), [](ShardingRule& r) { r.algebra.additive = true; });
