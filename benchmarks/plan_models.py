@@ -105,6 +105,7 @@ class LlamaConfig:
     seq: int = 4096
     experts: int = 0  # > 0: each block's SwiGLU is a mixture of this many experts (Mixtral)
     top_k: int = 2
+    sdpa: bool = False  # attention by F.scaled_dot_product_attention (fused) instead of matmuls
 
 
 class MoE(nn.Module):
@@ -157,6 +158,7 @@ class LlamaBlock(nn.Module):
         super().__init__()
         hd = cfg.dim // cfg.heads
         self.heads, self.kv_heads, self.hd = cfg.heads, cfg.kv_heads, hd
+        self.sdpa = cfg.sdpa
         self.attention_norm = RMSNorm(cfg.dim)
         self.wq = nn.Linear(cfg.dim, cfg.heads * hd, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.kv_heads * hd, bias=False)
@@ -180,7 +182,12 @@ class LlamaBlock(nn.Module):
             t = t.view(b, s, self.kv_heads, 1, self.hd).expand(b, s, self.kv_heads, rep, self.hd)
             return t.reshape(b, s, self.heads, self.hd).transpose(1, 2)
 
-        y = causal_attention(q, kv(self.wk(h)), kv(self.wv(h)))
+        if self.sdpa:  # grouped-query attention in the kernel: the kv heads stay few
+            k = self.wk(h).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+            v = self.wv(h).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            y = causal_attention(q, kv(self.wk(h)), kv(self.wv(h)))
         x = x + self.wo(y.transpose(1, 2).reshape(b, s, d))
         h = self.ffn_norm(x)
         if hasattr(self, "moe"):

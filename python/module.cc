@@ -114,6 +114,8 @@ void BindGraph(py::module_& m) {
   m.def("_set_defer_output_reductions", &aten::SetDeferOutputReductions);
   m.def("_defer_output_reductions", &aten::DeferOutputReductions);
   m.def("_set_collective_matmul", &aten::SetWindowedEinsum);
+  m.def("_set_context_parallel", &aten::SetContextParallel);
+  m.def("_context_parallel", &aten::ContextParallelMethod);
   m.def("_collective_matmul", &aten::WindowedEinsum);
   m.def("_set_fused_memory", &aten::SetFusedMemory);
   m.def("_fused_memory", &aten::FusedMemory);

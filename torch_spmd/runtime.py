@@ -273,6 +273,53 @@ def collective_matmul(threshold_bytes: Optional[int] = 0,
         _C._set_collective_matmul(previous, previous_extent)
 
 
+_CONTEXT_PARALLEL_METHODS = ("auto", "ring", "all_to_all", "gather")
+
+
+def set_context_parallel(method: str = "auto") -> None:
+    """How attention over a sharded sequence runs in the steps that follow (context
+    parallelism). Where the query rows and the key/value sequence of
+    ``F.scaled_dot_product_attention`` are sharded over the same mesh axes (shard the
+    sequence dim of the activations; nothing else to call):
+
+    - ``"ring"``: ring attention. Keys and values stay sharded; each device computes its
+      queries against one key/value tile per step while the next tile arrives from its ring
+      neighbour (a collective-permute per tile per step), merging the blocks with an online
+      softmax; the backward passes the key/value gradients' running sums around the ring too.
+      Causal attention masks by global positions.
+    - ``"all_to_all"``: the sequence axes move onto the key/value heads by all-to-alls before
+      the kernel and back after it (DeepSpeed's Ulysses), where the kv heads split evenly over
+      them; the ring elsewhere.
+    - ``"auto"`` (the default): the all-to-all where the heads split evenly and it moves fewer
+      bytes per device than the ring, the ring otherwise.
+    - ``"gather"``: neither; the keys and values are all-gathered (each device holds the whole
+      sequence's).
+
+    The values equal the unsharded attention's up to the order of its sums; programs compiled
+    under each setting are cached separately. ``last_step_stats()`` lists the collectives.
+    """
+    if method not in _CONTEXT_PARALLEL_METHODS:
+        raise ValueError(f"set_context_parallel: method must be one of "
+                         f"{', '.join(map(repr, _CONTEXT_PARALLEL_METHODS))}, got {method!r}")
+    _C._set_context_parallel(_CONTEXT_PARALLEL_METHODS.index(method))
+
+
+def context_parallel_method() -> str:
+    """The method ``set_context_parallel`` set."""
+    return _CONTEXT_PARALLEL_METHODS[_C._context_parallel()]
+
+
+@contextlib.contextmanager
+def context_parallel(method: str = "ring") -> Iterator[None]:
+    """``set_context_parallel(method)`` for the steps run inside the block."""
+    previous = context_parallel_method()
+    set_context_parallel(method)
+    try:
+        yield
+    finally:
+        set_context_parallel(previous)
+
+
 def set_fused_memory(on: bool) -> None:
     """Whether the memory figures of the steps that follow (``last_step_stats()``, plans) are
     a compiling runtime's (XLA on TPUs, ``torch.compile``'s Inductor): a value with one reader,

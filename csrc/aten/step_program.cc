@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "aten/graph_template.h"
+#include "core/error.h"
 #include "core/metrics.h"
 #include "runtime/compile_cache.h"
 #include "runtime/plan_mode.h"
@@ -108,6 +109,18 @@ void SetFusedMemory(bool on) {
 bool FusedMemory() {
   std::lock_guard<std::recursive_mutex> lock(GraphMutex());
   return Options().fused_memory;
+}
+
+void SetContextParallel(int method) {
+  SPMD_CHECK(method >= 0 && method <= static_cast<int>(partition::ContextParallel::kGather),
+             "internal error: context parallel method ", method);
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  Options().context_parallel = static_cast<partition::ContextParallel>(method);
+}
+
+int ContextParallelMethod() {
+  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  return static_cast<int>(Options().context_parallel);
 }
 
 std::pair<int64_t, int64_t> WindowedEinsum() {

@@ -51,6 +51,10 @@ bool DeferOutputReductions();
 // Collective matmul (partition/windowed_einsum.h) for collectives of at least `bytes` per
 // device (-1, any negative: off) whose steps keep `min_step_extent` of the windowed dim.
 void SetWindowedEinsum(int64_t bytes, int64_t min_step_extent);
+// Context parallelism's method (partition::ContextParallel as an int: auto, ring, all-to-all,
+// gather).
+void SetContextParallel(int method);
+int ContextParallelMethod();
 std::pair<int64_t, int64_t> WindowedEinsum();  // (bytes, min_step_extent)
 // A compiling runtime's fusion in the memory figures (PartitionOptions::fused_memory).
 void SetFusedMemory(bool on);

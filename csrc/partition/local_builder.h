@@ -42,6 +42,16 @@ class ProgramBuilder {
   // buffer, `node` the program node (the last one emitted) that carries it out.
   void RecordCollective(const char* kind, const AxisList& axes, int64_t bytes,
                         const ir::Node* node);
+  // Marks node `n` as one whose value its reader makes itself on a real pod, never held in
+  // device memory (Program::fused_away, whatever the options): an attention mask of global
+  // positions, which flash kernels compute from the offsets of their tiles.
+  void MarkMadeByReader(const ir::Node* n) { made_by_readers_.push_back(n); }
+  const std::vector<const ir::Node*>& made_by_readers() const { return made_by_readers_; }
+  // Marks node `n` (one result) as written over its operand `operand` of the same type where
+  // that dies at it (Program::in_place): a running sum a lowering accumulates, as eager code
+  // adds into it in place.
+  void MarkInPlace(const ir::Node* n, int operand) { in_place_.emplace(n, std::vector<int>{operand}); }
+  const std::unordered_map<const ir::Node*, std::vector<int>>& in_place() const { return in_place_; }
   std::vector<ir::NodePtr>& nodes() { return nodes_; }
   std::vector<CollectiveStat>& collectives() { return collectives_; }
 
@@ -66,6 +76,8 @@ class ProgramBuilder {
   bool in_backward_ = false;
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
+  std::vector<const ir::Node*> made_by_readers_;
+  std::unordered_map<const ir::Node*, std::vector<int>> in_place_;
   std::shared_ptr<const std::vector<int64_t>> mesh_shape_;  // shared by the stats
   std::unordered_multimap<Hash, ReshardEntry> reshards_;
   std::map<std::pair<const ir::Node*, int>, LocalValue> resolved_;

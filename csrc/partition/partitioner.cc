@@ -12,6 +12,7 @@
 #include "partition/offload.h"
 #include "partition/propagate.h"
 #include "partition/simplify.h"
+#include "partition/ring.h"
 #include "partition/windowed_einsum.h"
 
 namespace spmd::partition {
@@ -143,7 +144,9 @@ class Partitioner {
     }
     program.stats.op_costs = std::move(costs_);
     program.in_place = std::move(in_place_);
+    program.in_place.insert(builder_.in_place().begin(), builder_.in_place().end());
     if (options_.fused_memory) MarkFusedAway(program);
+    program.fused_away.insert(builder_.made_by_readers().begin(), builder_.made_by_readers().end());
     int64_t peak_at = 0;
     program.stats.peak_bytes_per_device = PeakBytesPerDevice(program, &peak_at);
     program.stats.host_peak_bytes_per_device = PeakHostBytesPerDevice(program);
@@ -255,15 +258,26 @@ class Partitioner {
   void LowerNode(const ir::Node& n) {
     const ShardingRule* rule = prop_.RuleOf(&n);
     if (!rule) return LowerReplicated(n);
-    const FactorAxes fa = AssignNodeFactors(n, *rule);
+    FactorAxes fa = AssignNodeFactors(n, *rule);
     const std::vector<int> passing = PartialPassingOperands(n, *rule, fa);
+    std::optional<RingPlan> ring = passing.empty() ? PlanNodeRing(n, *rule, fa) : std::nullopt;
+    if (ring && ring->exchange) {
+      fa = ExchangedFactors(*rule, std::move(fa), *ring);
+      ring.reset();
+    }
     AxisList passed;  // partial-sum axes carried through the op into its results
     std::vector<LocalValue> operands;
     std::optional<WindowedEinsum> windowed;
-    int64_t gathered_bytes = 0;  // what a windowed operand's steps read besides its own tile
+    int64_t gathered_bytes = 0;  // what a windowed operand's (ring operand's) steps read besides its own tile
     for (size_t i = 0; i < n.inputs().size(); ++i) {
       Sharding want = Sharding::Tiled(mesh_, DimAxesFromFactors(*rule, *mesh_, rule->operands[i], fa));
       LocalValue v = Local(n.input(i));
+      if (ring && IsRingOperand(*rule, i)) {  // read a tile at a time around the ring
+        want = RingOperandLayout(*rule, static_cast<int>(i), want, *ring);
+        operands.push_back(LocalOperand(n, *rule, fa, i, std::move(v), want, false, &passed));
+        gathered_bytes += operands.back().value.type().bytes() * (AxesSize(*mesh_, ring->axes) - 1);
+        continue;
+      }
       if (!windowed && passing.empty())
         windowed = PlanWindowedGather(n, *rule, *mesh_, static_cast<int>(i), v.layout, want,
                                       Windowing(weights_.count(n.input(i).node.get()) > 0));
@@ -277,7 +291,7 @@ class Partitioner {
       operands.push_back(LocalOperand(n, *rule, fa, i, std::move(v), want, passes, &passed));
     }
     std::vector<Sharding> result_layouts = ResultLayouts(n, *rule, fa, passed);
-    if (!windowed && passed.empty() && n.num_outputs() == 1) {
+    if (!windowed && !ring && passed.empty() && n.num_outputs() == 1) {
       ir::Value out{graph_.nodes[graph_.PositionOf(&n)], 0};
       windowed = PlanWindowedScatter(n, *rule, *mesh_, result_layouts[0], prop_.Get(out),
                                      Windowing(false));
@@ -286,7 +300,9 @@ class Partitioner {
     costs_.back().bytes += gathered_bytes;
     const size_t first_node = builder_.nodes().size();
     LocalBuilder lb(builder_, n, *rule, fa, result_layouts, scalar_base_.at(&n));
-    std::vector<LocalValue> results = EmitLocalOps(n, *rule, lb, windowed, operands, result_layouts);
+    std::vector<LocalValue> results =
+        ring ? rule->lowering.ring->lower(lb, operands, ring->axes)
+             : EmitLocalOps(n, *rule, lb, windowed, operands, result_layouts);
     if (!lb.cost_steps().empty()) SplitCost(lb.cost_steps());
     NoteLoweredNodes(n, *rule, results, first_node);
     locals_[&n] = std::move(results);
@@ -309,6 +325,20 @@ class Partitioner {
     FactorAxes fa = AssignFactors(rule, *mesh_, operand_s, operand_t, result_s, result_t);
     if (rule.lowering.results_must_replicate) fa.assign(fa.size(), AxisList());
     return fa;
+  }
+
+  // Whether `n` reads its rule's ring operands around a ring or by all-to-alls (ring.h).
+  std::optional<RingPlan> PlanNodeRing(const ir::Node& n, const ShardingRule& rule,
+                                       const FactorAxes& fa) {
+    if (!rule.lowering.ring) return std::nullopt;
+    std::vector<Sharding> have;
+    for (const ir::Value& in : n.inputs()) have.push_back(Local(in).layout);
+    return PlanRing(n, rule, mesh_, fa, have, options_.context_parallel);
+  }
+
+  static bool IsRingOperand(const ShardingRule& rule, size_t i) {
+    const std::vector<int>& ring = rule.lowering.ring->operands;
+    return std::find(ring.begin(), ring.end(), static_cast<int>(i)) != ring.end();
   }
 
   // Operand `i` of `n` (local value `v`) in the layout `want` the factor assignment asks for.

@@ -4,6 +4,7 @@
 #include "ir/graph.h"
 #include "partition/program.h"
 #include "partition/propagate.h"
+#include "partition/ring.h"
 
 namespace spmd::partition {
 
@@ -39,12 +40,18 @@ struct PartitionOptions {
   // program makes is held, as eager PyTorch holds it. The program and its values are the same
   // either way.
   bool fused_memory = false;
+  // Context parallelism (partition/ring.h): how an op whose rule can read its operands around
+  // a ring (attention's keys and values over a sharded sequence) runs where the assignment
+  // would gather them. torch_spmd.runtime.set_context_parallel.
+  ContextParallel context_parallel = ContextParallel::kAuto;
 
   Hash Key() const {
-    return HashCombine(HashCombine(HashCombine(HashInt(defer_output_reductions ? 1 : 0),
-                                               HashInt(windowed_einsum_bytes)),
-                                   HashInt(windowed_einsum_min_extent)),
-                       HashInt(fused_memory ? 1 : 0));
+    return HashCombine(
+        HashCombine(HashCombine(HashCombine(HashInt(defer_output_reductions ? 1 : 0),
+                                            HashInt(windowed_einsum_bytes)),
+                                HashInt(windowed_einsum_min_extent)),
+                    HashInt(fused_memory ? 1 : 0)),
+        HashInt(static_cast<int64_t>(context_parallel)));
   }
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ir/internal_ops.h"
+#include "partition/ring.h"
 
 namespace spmd::partition {
 
@@ -31,16 +32,6 @@ bool StartsWith(const AxisList& a, const AxisList& prefix) {
 
 Arg AxesArg(const AxisList& axes) {
   return Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end()));
-}
-
-// Member m sends to m + 1 (`to_next`) or receives from m + 1, around the ring.
-Arg RingPairs(int64_t n, bool to_next) {
-  std::vector<int64_t> flat;
-  for (int64_t m = 0; m < n; ++m) {
-    flat.push_back(to_next ? m : (m + 1) % n);
-    flat.push_back(to_next ? (m + 1) % n : m);
-  }
-  return Arg::IntList(std::move(flat));
 }
 
 TensorType WithExtent(TensorType t, int dim, int64_t extent) {
@@ -156,13 +147,8 @@ class Loop {
   }
 
  private:
-  // Member m sends `v` to m + 1 (`to_next`: over channel 2) or to m - 1 (channel 1).
   LocalValue Permute(const LocalValue& v, bool to_next) {
-    const ir::Value r = b_.program().EmitInternal(
-        ops_.collective_permute, v.value, {AxesArg(w_.axes), RingPairs(n_, to_next)},
-        v.value.type(), v.layout, "collective-permute", w_.axes);
-    b_.program().collectives().back().channel = to_next ? 2 : 1;
-    return LocalValue{r, v.layout, v.global};
+    return RingPermute(b_, v, w_.axes, to_next);
   }
 
   // Piece `part` of `parts` of tile (member + shift) mod n of dim `dim` of `v`.

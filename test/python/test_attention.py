@@ -101,11 +101,11 @@ def test_query_length_sharded_key_value_gradients_are_summed():
                     mesh_of((8,)), bwd=[("all-reduce", ("x",))] * 2)
 
 
-def test_causal_keeps_the_query_length_whole():
-    # The kernel's causal mask is relative to local rows: a sharded query length is gathered.
-    r = check_attention(qkv(2, 2, 12, 12, 8), [(None, None, "x", None), None, None], mesh_of((8,)),
-                        fwd=None, bwd=None, is_causal=True)
-    assert ("all-gather", ("x",)) in r.fwd
+def test_causal_query_rows_sharded_are_masked_by_their_global_positions():
+    # The kernel's causal mask is relative to local rows: each device masks its tile of rows by
+    # their global positions instead, and nothing is gathered.
+    check_attention(qkv(2, 2, 12, 12, 8), [(None, None, "x", None), None, None], mesh_of((8,)),
+                    fwd=[], bwd=[("all-reduce", ("x",))] * 2, is_causal=True)
 
 
 def test_key_length_sharded_is_gathered():

@@ -616,6 +616,14 @@ def test_views_that_keep_the_tiling_are_free(mesh_shape):
     check(lambda x: x.unsqueeze(0).expand(3, 8, 6), [T(8, 6)], [(a[0], None)], mesh, grad=True, fwd=[])
 
 
+def test_cat_onto_empty_tensors_keeps_the_joined_dim_sharded():
+    # A KV cache's first update, torch.cat([past, k], -2) with an empty past, is k itself: the
+    # sequence dim stays sharded (uneven: 13 rows over 8, padding poisoned), nothing gathered.
+    mesh = mesh_of((8,))
+    check(lambda x: torch.cat([x.new_zeros(4, 0, 6), x, x.new_empty(0)], 1) * 2, [T(4, 13, 6)],
+          [(None, "x", None)], mesh, grad=True, fwd=[], bwd=[])
+
+
 # Indexing by tensors
 
 INDEX_CASES = mesh_spec_cases(2, 4, salt=17)

@@ -65,6 +65,18 @@ LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_
   return LocalValue{v, sliced, all};
 }
 
+LocalValue CastTo(LocalBuilder& b, const LocalValue& x, DType dtype) {
+  static const std::vector<ir::ArgSchema> schema = {
+      {"self", ArgType::kTensor},          {"dtype", ArgType::kScalarType, true},
+      {"layout", ArgType::kLayout, true},  {"device", ArgType::kDevice, true},
+      {"pin_memory", ArgType::kBool, true}, {"non_blocking", ArgType::kBool},
+      {"memory_format", ArgType::kMemoryFormat, true}};
+  return b.EmitOp("aten::_to_copy", schema, {x.value},
+                  {Arg::Tensor(0), Arg::ScalarType(static_cast<int64_t>(dtype)), Arg::None(),
+                   Arg::None(), Arg::None(), Arg::Bool(false), Arg::None()},
+                  WithDType(x.value.type(), dtype), x.layout, WithDType(x.global, dtype));
+}
+
 LocalValue WhereElse(LocalBuilder& b, const LocalValue& keep, const LocalValue& x, int64_t other) {
   static const std::vector<ir::ArgSchema> schema = {
       {"condition", ArgType::kTensor}, {"self", ArgType::kTensor}, {"other", ArgType::kScalar}};

@@ -24,6 +24,8 @@ LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int6
 // index of local index 0 along a dim tiled over `axes` (`left` extra leading elements, a
 // halo). An arange sliced per device (no communication).
 LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t left);
+// x converted to `dtype` (aten::_to_copy), laid out as x.
+LocalValue CastTo(LocalBuilder& b, const LocalValue& x, DType dtype);
 // Where `keep` (bool, broadcast onto x from the right) x, else `other`.
 LocalValue WhereElse(LocalBuilder& b, const LocalValue& keep, const LocalValue& x, int64_t other);
 inline LocalValue WhereElseZero(LocalBuilder& b, const LocalValue& keep, const LocalValue& x) {

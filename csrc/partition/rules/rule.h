@@ -171,6 +171,25 @@ struct ShardingRule {
     // Local computation is not the same on every shard (e.g. arange over a sharded dim): only
     // replicated results are allowed, shards are sliced afterwards.
     bool results_must_replicate = false;
+
+    // Operands the op can read a tile at a time around a ring instead of gathered whole (ring
+    // attention, partition/ring.h): where the assignment gathers each of them over the same
+    // mesh axes G on its dim of need-replication factor `factor`, they are tiled evenly over G
+    // there, and G tiles `paired` exactly (each member's rows meet every tile of `factor`
+    // once), the partitioner hands them to `lower` still tiled over G, with G; `lower` passes
+    // the tiles around G's ring. Or, where `exchange` (a pass-through factor: attention's kv
+    // heads) splits evenly over G as well and the options say so, it moves G from `paired`
+    // onto `exchange` instead (all-to-alls; DeepSpeed's Ulysses) and the op runs as it is.
+    struct Ring {
+      int factor = -1;
+      int paired = -1;
+      int exchange = -1;
+      std::vector<int> operands;
+      std::function<std::vector<LocalValue>(LocalBuilder& b, const std::vector<LocalValue>& operands,
+                                            const AxisList& ring)>
+          lower;
+    };
+    std::optional<Ring> ring;
   };
   Lowering lowering;
 

@@ -241,22 +241,31 @@ std::optional<ShardingRule> Select(const ir::Node& node) {
 }
 
 // cat(tensors, dim) / stack(tensors, dim): the joined dim replicates; other dims are shared.
+// A cat onto empty tensors (a KV cache's first update: torch.cat([past, k], -2) with an empty
+// past) is its one non-empty operand: the joined dim passes through it.
 std::optional<ShardingRule> Join(const ir::Node& node, bool stack) {
   const TensorType& out = node.output(0);
   int64_t dim = Dim(node, "dim", out.rank());
+  int whole = -1;  // a cat's one operand of non-zero extent along dim, if the rest are empty
+  for (size_t i = 0; !stack && i < node.inputs().size(); ++i) {
+    const TensorType& t = node.input(i).type();
+    if (t.rank() == out.rank() && t.shape[dim] == out.shape[dim]) whole = static_cast<int>(i);
+  }
   ShardingRule rule;
   TensorFactors fout;
   for (int64_t d = 0; d < out.rank(); ++d)
-    fout.push_back({rule.AddFactor(out.shape[d], d == dim ? FactorKind::kNeedReplication
-                                                          : FactorKind::kPassThrough)});
-  for (const ir::Value& in : node.inputs()) {
-    const TensorType& t = in.type();
+    fout.push_back({rule.AddFactor(out.shape[d], d == dim && whole < 0
+                                                     ? FactorKind::kNeedReplication
+                                                     : FactorKind::kPassThrough)});
+  for (size_t i = 0; i < node.inputs().size(); ++i) {
+    const TensorType& t = node.input(i).type();
     TensorFactors fin(t.rank());
     if (t.rank() + (stack ? 1 : 0) == out.rank()) {
       for (int64_t d = 0, od = 0; d < t.rank(); ++d, ++od) {
         if (stack && od == dim) ++od;
-        if (od == dim) fin[d] = {rule.AddFactor(t.shape[d], FactorKind::kNeedReplication)};
-        else fin[d] = fout[od];
+        if (od != dim) fin[d] = fout[od];
+        else if (static_cast<int>(i) == whole) fin[d] = fout[od];
+        else if (whole < 0) fin[d] = {rule.AddFactor(t.shape[d], FactorKind::kNeedReplication)};
       }
     }
     rule.operands.push_back(fin);
