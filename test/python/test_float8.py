@@ -130,15 +130,52 @@ def test_scaled_mm_with_a_bias_gathers_a_sharded_contraction():
     ((4, 2), ("data", None), ("model", None)),     # 2-D: column-parallel weight
     ((4, 2), ("data", "model"), (None, "model")),  # row-parallel: a sharded contraction
 ])
-def test_float8_linear_trains_sharded_equal_to_cpu(mesh_shape, spec_x, spec_w):
-    # Forward and backward of a Float8 linear as torchao computes one (amax scales, E4M3
-    # forward, E5M2 gradient; torch_spmd.experimental.float8), every scale an amax over the
-    # sharded tensor (a reduction across devices), the gradients' FP8 matmuls sharded as their
-    # operands are.
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_linear_trains_sharded_equal_to_cpu(mesh_shape, spec_x, spec_w, recipe):
+    # Forward and backward of a Float8 linear as torchao computes one (torch_spmd.experimental.
+    # float8): tensorwise, amax scales (E4M3 forward, E5M2 gradient), every scale an amax over
+    # the sharded tensor (a reduction across devices); rowwise, a scale per row along each
+    # matmul's contraction (reduced across devices where that dim is sharded, tiled with its
+    # rows where it is not). The FP8 matmuls sharded as their operands are.
     mesh = mesh_of(mesh_shape)
     before = metrics.counter_value("aten::_scaled_mm") or 0
-    check(float8_matmul, [T(16, 32), T(8, 32, seed=1)], [spec_x, spec_w], mesh, grad=True)
+    check(lambda x, w: float8_matmul(x, w, recipe=recipe), [T(16, 32), T(8, 32, seed=1)],
+          [spec_x, spec_w], mesh, grad=True)
     assert (metrics.counter_value("aten::_scaled_mm") or 0) == before, "_scaled_mm ran eagerly"
+
+
+def test_unknown_float8_recipe_names_the_value():
+    with pytest.raises(ValueError, match="'tensorwise', 'rowwise', got 'blockwise'"):
+        convert_to_float8_training(torch.nn.Linear(4, 4), recipe="blockwise")
+
+
+@needs_scaled_mm
+def test_fsdp_gathers_a_float8_linears_weight_in_fp8():
+    # torchao's enable_fsdp_float8_all_gather: under FSDP the weight's FP8 cast runs on its
+    # shards (its scale an all-reduce of each shard's amax), so the all-gathers that the
+    # forward's and the input gradient's matmuls need move one byte per element, half of the
+    # bf16 weight's (the bf16 linear beside it gathers two).
+    import numpy as np
+    import torch.nn.functional as F
+    import torch_spmd
+    import torch_spmd.core.xla_model as xm
+    import torch_spmd.distributed.spmd as xs
+    mesh = xs.Mesh(np.arange(8), (8,), ("fsdp",))
+    gathered = {}
+    for name, fn in (("float8", float8_matmul), ("bf16", F.linear)):
+        x = T(256, 64).bfloat16().to("spmd").requires_grad_()
+        w = T(32, 64, seed=1).bfloat16().to("spmd").requires_grad_()
+        xs.mark_sharding(x, mesh, ("fsdp", None))
+        xs.mark_sharding(w, mesh, ("fsdp", None))
+        y = fn(x, w)
+        grads = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+        xm.mark_step()
+        del grads
+        gathered[name] = [c["bytes"] for c in torch_spmd.debug.last_step_stats()["collectives"]
+                          if c["kind"] == "all-gather"]
+    shard = 32 * 64 // 8  # elements of each device's rows of the weight
+    assert gathered["float8"] == [shard] * 2, gathered  # E4M3 forward, E5M2 for grad_x
+    assert gathered["bf16"] == [2 * shard] * 2, gathered
 
 
 @needs_scaled_mm
@@ -174,7 +211,8 @@ def test_planned_fp8_matmul_runs_at_the_fp8_peak(fp8_peak, expected_peak):
 
 
 @needs_scaled_mm
-def test_converted_model_trains_sharded_equal_to_cpu():
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_converted_model_trains_sharded_equal_to_cpu(recipe):
     # convert_to_float8_training swaps the Linear layers (torchao's entry point); an MLP under
     # 2-D sharding (column- then row-parallel weights) trains one step equal to CPU.
     import copy
@@ -182,9 +220,9 @@ def test_converted_model_trains_sharded_equal_to_cpu():
     import torch_spmd.distributed.spmd as xs
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
-    dev = convert_to_float8_training(copy.deepcopy(cpu)).to("spmd")
-    convert_to_float8_training(cpu)
-    assert all(type(m).__name__ == "Float8Linear" for m in (dev[0], dev[2]))
+    dev = convert_to_float8_training(copy.deepcopy(cpu), recipe=recipe).to("spmd")
+    convert_to_float8_training(cpu, recipe=recipe)
+    assert all(type(m).__name__ == "Float8Linear" and m.recipe == recipe for m in (dev[0], dev[2]))
     mesh = mesh_of((4, 2))
     xs.mark_sharding(dev[0].weight, mesh, ("model", None))
     xs.mark_sharding(dev[2].weight, mesh, (None, "model"))
