@@ -47,6 +47,7 @@ const Table& NamedOps() {
       {"aten::native_layer_norm", {.shape = NativeLayerNorm}},
       {"aten::_scaled_dot_product_flash_attention_for_cpu", {.shape = FlashAttentionForCpu}},
       {"aten::_scaled_mm", {.shape = ScaledMm}},
+      {"aten::_grouped_mm", {.shape = GroupedMm}},
       // Functionalization (backend.cc). detach: its composite kernel (a shallow copy sharing
       // its slot) is kept, and functionalization's detach copies or aliases.
       {"aten::detach", {.keeps_composite_kernel = true, .functionalize = FunctionalizeFix::kDetach}},

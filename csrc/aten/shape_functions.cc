@@ -71,6 +71,25 @@ std::vector<TensorType> ScaledMm(const c10::OperatorHandle& op,
   return {TensorType{runtime::FromScalarType(out), {self.size(0), mat2.size(1)}}};
 }
 
+// _grouped_mm(self, mat2, offs, bias, out_dtype) with offs over the groups: [T, K] x [E, K, N] ->
+// [T, N] (experts), [K, T] x [T, N] -> [E, K, N] (their weights' gradient). torch's meta kernel
+// checks CUDA's constraints (16-bit operands, 16-byte strides), which the CPU kernel does not
+// all have; other forms are left to that kernel (run eagerly).
+std::vector<TensorType> GroupedMm(const c10::OperatorHandle& op,
+                                  const std::vector<c10::IValue>& a) {
+  const at::Tensor& self = a[0].toTensor();
+  const at::Tensor& mat2 = a[1].toTensor();
+  TORCH_CHECK(self.dim() == 2 && (mat2.dim() == 2 || mat2.dim() == 3) && a[2].isTensor() &&
+                  a[2].toTensor().dim() == 1 && a[3].isNone(),
+              op.schema().name(), ": self ", self.sizes(), " and mat2 ", mat2.sizes(),
+              " are no grouped form the device records");
+  const at::ScalarType out = a[4].isNone() ? self.scalar_type() : a[4].toScalarType();
+  const int64_t groups = a[2].toTensor().size(0);
+  Shape shape = mat2.dim() == 3 ? Shape{self.size(0), mat2.size(2)}
+                                : Shape{groups, self.size(0), mat2.size(1)};
+  return {TensorType{runtime::FromScalarType(out), std::move(shape)}};
+}
+
 namespace {
 
 // Meta kernel for the functional variants of the fused optimizer steps (`_fused_sgd`, ...):

@@ -15,6 +15,8 @@ std::vector<TensorType> FlashAttentionForCpu(const c10::OperatorHandle& op,
 
 std::vector<TensorType> ScaledMm(const c10::OperatorHandle& op,
                                  const std::vector<c10::IValue>& meta_args);
+std::vector<TensorType> GroupedMm(const c10::OperatorHandle& op,
+                                  const std::vector<c10::IValue>& args);
 
 // Registers a meta kernel for each fused optimizer step (_fused_sgd, ...) that has none.
 void RegisterMissingMetaKernels();

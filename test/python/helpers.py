@@ -34,6 +34,17 @@ class Host:
         self.tensor = tensor
 
 
+# Ops that a rule or a named-op entry names but that older supported torches lack, with the
+# first torch that has them: the name checks accept their absence there only.
+OPS_OF_NEWER_TORCH = {"aten::_grouped_mm": (2, 8)}
+
+
+def missing_from_this_torch(name: str) -> bool:
+    """Whether `name` is an op of a newer torch than this one (OPS_OF_NEWER_TORCH)."""
+    first = OPS_OF_NEWER_TORCH.get(name)
+    return first is not None and tuple(int(p) for p in torch.__version__.split(".")[:2]) < first
+
+
 def seed_for(name: str) -> int:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
 

@@ -14,6 +14,7 @@ void RegisterConvRules();  // conv.cc
 void RegisterPoolRules();  // pool.cc
 void RegisterForeachRules();  // foreach.cc
 void RegisterAttentionRules();  // attention.cc
+void RegisterGroupedMmRules();  // grouped_mm.cc
 void RegisterSoftmaxRules();  // softmax.cc
 void RegisterShiftRules();  // shift.cc
 void RegisterAllRules();  // calls all of the above once

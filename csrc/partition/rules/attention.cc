@@ -23,6 +23,7 @@
 
 #include "partition/rules/all_rules.h"
 #include "partition/rules/attention.h"
+#include "partition/rules/local_ops.h"
 #include "partition/rules/rule.h"
 
 namespace spmd::partition {

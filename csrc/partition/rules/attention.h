@@ -30,21 +30,6 @@ std::vector<LocalValue> EmitAttention(LocalBuilder& b, const AttentionNode& a,
                                       const std::vector<Sharding>& layouts,
                                       const std::vector<TensorType>& globals);
 
-// arange(start, end, step) as int64, replicated.
-LocalValue Range(LocalBuilder& b, int64_t start, int64_t end, int64_t step);
-// Entry (i + shift) mod k of the table first + m * step (m < k), on member i of the k of the
-// group over `axes`: [1] int64 (first where `axes` tile nothing). With step the tile of a dim
-// tiled over `axes`, the global position of that tile's first row.
-LocalValue TileTable(LocalBuilder& b, const AxisList& axes, int64_t first, int64_t step,
-                     int64_t shift);
-// The global positions of the rows of tile (i + shift) mod k of a dim tiled over `axes` in
-// tiles of `tile`: [tile] int64 (`column`: [tile, 1]).
-LocalValue TilePositions(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t shift,
-                         bool column);
-// x with a trailing dim of 1 (aten::unsqueeze_copy).
-LocalValue Unsqueezed(LocalBuilder& b, const LocalValue& x);
-// x >= y, broadcast (bool).
-LocalValue AtLeast(LocalBuilder& b, const LocalValue& x, const LocalValue& y);
 // The additive causal mask of queries at `q_rows` ([l, 1] positions) over keys at `k_cols`
 // ([s]): 0 where the key's position is at most the query's, -inf elsewhere, as `dtype`.
 LocalValue CausalMask(LocalBuilder& b, const LocalValue& q_rows, const LocalValue& k_cols,

@@ -44,25 +44,7 @@ LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int6
 }
 
 LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t left) {
-  const int64_t k = AxesSize(b.mesh(), axes);
-  static const std::vector<ir::ArgSchema> schema = {
-      {"start", ArgType::kScalar},         {"end", ArgType::kScalar},
-      {"step", ArgType::kScalar},          {"dtype", ArgType::kScalarType, true},
-      {"layout", ArgType::kLayout, true},  {"device", ArgType::kDevice, true},
-      {"pin_memory", ArgType::kBool, true}};
-  TensorType all{DType::kInt64, {k}};
-  const MeshPtr& mesh = b.program().mesh();
-  LocalValue offsets = b.EmitOp("aten::arange.start_step", schema, {},
-                                {Arg::ScalarInt(-left), Arg::ScalarInt(k * tile - left),
-                                 Arg::ScalarInt(tile), Arg::None(), Arg::None(), Arg::None(),
-                                 Arg::None()},
-                                all, Sharding::Replicated(mesh, 1), all);
-  Sharding sliced = Sharding::Tiled(mesh, {axes});
-  ir::Value v = b.program().EmitInternal(
-      ir::InternalOps::Get().shard_slice, offsets.value,
-      {Arg::Int(0), Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end())), Arg::Int(k)},
-      TensorType{DType::kInt64, {1}}, sliced, nullptr, axes);
-  return LocalValue{v, sliced, all};
+  return TileTable(b, axes, -left, tile, 0);
 }
 
 LocalValue CastTo(LocalBuilder& b, const LocalValue& x, DType dtype) {
@@ -118,6 +100,78 @@ LocalIndex IndexIntoTile(LocalBuilder& b, const LocalValue& global_index, const 
                     Sharding::Tiled(b.program().mesh(), dims), TensorType{DType::kBool, global});
   }
   return {index, keep};
+}
+
+LocalValue Range(LocalBuilder& b, int64_t start, int64_t end, int64_t step) {
+  static const std::vector<ir::ArgSchema> schema = {
+      {"start", ArgType::kScalar},         {"end", ArgType::kScalar},
+      {"step", ArgType::kScalar},          {"dtype", ArgType::kScalarType, true},
+      {"layout", ArgType::kLayout, true},  {"device", ArgType::kDevice, true},
+      {"pin_memory", ArgType::kBool, true}};
+  const TensorType t{DType::kInt64, {(end - start) / step}};
+  return b.EmitOp("aten::arange.start_step", schema, {},
+                  {Arg::ScalarInt(start), Arg::ScalarInt(end), Arg::ScalarInt(step), Arg::None(),
+                   Arg::None(), Arg::None(), Arg::None()},
+                  t, Sharding::Replicated(b.program().mesh(), 1), t);
+}
+
+LocalValue TileTable(LocalBuilder& b, const AxisList& axes, int64_t first, int64_t step,
+                     int64_t shift) {
+  const MeshPtr& mesh = b.program().mesh();
+  const int64_t k = AxesSize(*mesh, axes);
+  const LocalValue table = Range(b, first, first + k * step, step);
+  if (k == 1) return table;
+  const Sharding sliced = Sharding::Tiled(mesh, {axes});
+  const Arg axes_arg = Arg::IntList(std::vector<int64_t>(axes.begin(), axes.end()));
+  shift = ((shift % k) + k) % k;
+  const ir::InternalOps& ops = ir::InternalOps::Get();
+  const ir::Value entry =
+      shift == 0  // this member's own entry
+          ? b.program().EmitInternal(ops.shard_slice, table.value,
+                                     {Arg::Int(0), axes_arg, Arg::Int(k)},
+                                     TensorType{DType::kInt64, {1}}, sliced, nullptr, axes)
+          : b.program().EmitInternal(ops.ring_slice, table.value,
+                                     {Arg::Int(0), axes_arg, Arg::Int(k), Arg::Int(shift),
+                                      Arg::Int(1), Arg::Int(0)},
+                                     TensorType{DType::kInt64, {1}}, sliced, nullptr, axes);
+  return LocalValue{entry, sliced, table.global};
+}
+
+LocalValue TilePositions(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t shift,
+                         bool column) {
+  LocalValue positions = Range(b, 0, tile, 1);
+  if (AxesSize(b.mesh(), axes) > 1)
+    positions = Binary(b, "aten::add.Tensor", positions, TileTable(b, axes, 0, tile, shift));
+  return column ? Unsqueezed(b, positions) : positions;
+}
+
+LocalValue Unsqueezed(LocalBuilder& b, const LocalValue& x) {
+  static const std::vector<ir::ArgSchema> unsqueeze = {{"self", ArgType::kTensor},
+                                                       {"dim", ArgType::kInt}};
+  auto with_one = [](TensorType t) {
+    t.shape.push_back(1);
+    return t;
+  };
+  std::vector<AxisList> dims = x.layout.dim_axes();
+  dims.push_back({});
+  return b.EmitOp("aten::unsqueeze_copy", unsqueeze, {x.value}, {Arg::Tensor(0), Arg::Int(-1)},
+                  with_one(x.value.type()), Sharding::Tiled(b.program().mesh(), std::move(dims)),
+                  with_one(x.global));
+}
+
+LocalValue AtLeast(LocalBuilder& b, const LocalValue& x, const LocalValue& y) {
+  static const std::vector<ir::ArgSchema> two = {{"self", ArgType::kTensor},
+                                                 {"other", ArgType::kTensor}};
+  Shape shape = x.local_shape();
+  const Shape& other = y.local_shape();
+  if (other.size() > shape.size()) shape.insert(shape.begin(), other.size() - shape.size(), 1);
+  for (size_t d = 0; d < other.size(); ++d) {  // broadcast from the right
+    int64_t& s = shape[shape.size() - other.size() + d];
+    if (s == 1) s = other[d];
+  }
+  const TensorType t{DType::kBool, shape};
+  return b.EmitOp("aten::ge.Tensor", two, {x.value, y.value}, {Arg::Tensor(0), Arg::Tensor(1)},
+                  t, Sharding::Replicated(b.program().mesh(), static_cast<int64_t>(shape.size())), t);
 }
 
 }  // namespace spmd::partition

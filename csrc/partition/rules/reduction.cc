@@ -81,6 +81,33 @@ std::optional<ShardingRule> Reduction(const ir::Node& node, Combine combine) {
   return rule;
 }
 
+// histc(self, bins, min, max): counts of self's elements per bin, a sum over every element:
+// each dim a summed reduction (partial histograms add up), the padding NaN (counted nowhere).
+// Only with constant bounds min < max: min == max takes the data's own range, which partial
+// histograms would not share.
+std::optional<ShardingRule> Histogram(const ir::Node& node) {
+  const TensorType& in = node.input(0).type();
+  const int lo = ArgIndex(node, "min"), hi = ArgIndex(node, "max");
+  if (in.rank() == 0 || lo < 0 || hi < 0) return std::nullopt;
+  const ir::Arg &min = node.arg(lo), &max = node.arg(hi);
+  auto value = [](const ir::Arg& a) {
+    return a.kind == ir::Arg::Kind::kScalarDouble ? a.d : static_cast<double>(a.i);
+  };
+  const bool constant = !min.dynamic && !max.dynamic && min.is_scalar() && max.is_scalar();
+  if (!constant || !(value(min) < value(max))) return std::nullopt;
+  ShardingRule rule;
+  TensorFactors operand;
+  for (int64_t d = 0; d < in.rank(); ++d) {
+    const int f = rule.AddFactor(in.shape[d], FactorKind::kReduction);
+    rule.factors[f].sums = true;
+    rule.factors[f].pad_value = std::numeric_limits<double>::quiet_NaN();
+    operand.push_back({f});
+  }
+  rule.operands = {operand};
+  rule.results = {{{}}};
+  return rule;
+}
+
 RuleBuilder With(Combine c) {
   return [c](const ir::Node& n) { return Reduction(n, c); };
 }
@@ -89,6 +116,7 @@ RuleBuilder With(Combine c) {
 
 void RegisterReductionRules() {
   RegisterRules({"aten::sum"}, LinearIn(With(Combine::kSum)));
+  RegisterRule("aten::histc", Histogram);
   RegisterRules({"aten::nansum"}, With(Combine::kSum));
   RegisterRules({"aten::mean"}, LinearIn(With(Combine::kMean)));
   RegisterRules({"aten::amax", "aten::max"}, With(Combine::kMax));

@@ -137,6 +137,7 @@ void RegisterAllRules() {
     RegisterPoolRules();
     RegisterForeachRules();
     RegisterAttentionRules();
+    RegisterGroupedMmRules();
     RegisterSoftmaxRules();
     RegisterShiftRules();
   });
