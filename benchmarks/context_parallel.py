@@ -100,18 +100,14 @@ def kinds_text(kinds: dict) -> str:
 
 
 def table(title: str, rows: dict) -> str:
-    lines = [f"| {title} | peak per device | collectives per device | bytes per device | "
-             "FLOPs per device | compute | exposed communication | predicted step |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for name, r in rows.items():
-        if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} | | | | | | |")
-            continue
-        lines.append(f"| {name} | {r['peak'] / 2**20:,.0f} MiB{'' if r['fits'] else ' (does not fit)'} | "
-                     f"{kinds_text(r['kinds'])} | {r['collective_bytes'] / 2**20:,.0f} MiB | "
-                     f"{r['flops'] / 1e12:.2f} TFLOP | {r['compute'] * 1e3:.2f} ms | "
-                     f"{r['exposed'] * 1e3:.2f} ms | {r['step'] * 1e3:.2f} ms |")
-    return "\n".join(lines)
+    from common.docs import rows_table
+    return rows_table(
+        [title, "peak per device", "collectives per device<", "bytes per device",
+         "FLOPs per device", "compute", "exposed communication", "predicted step"], rows,
+        lambda r: [f"{r['peak'] / 2**20:,.0f} MiB{'' if r['fits'] else ' (does not fit)'}",
+                   kinds_text(r["kinds"]), f"{r['collective_bytes'] / 2**20:,.0f} MiB",
+                   f"{r['flops'] / 1e12:.2f} TFLOP", f"{r['compute'] * 1e3:.2f} ms",
+                   f"{r['exposed'] * 1e3:.2f} ms", f"{r['step'] * 1e3:.2f} ms"])
 
 
 NOTES = """How to read it: at 32k tokens the gathered layout holds every device's whole keys and
@@ -141,6 +137,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", nargs=2, metavar=("PART", "ROW"))
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--attention-only", action="store_true",
+                    help="part 1 alone (the Llama step plans in minutes)")
     args = ap.parse_args()
     if args.child:
         part, row = args.child
@@ -151,14 +149,14 @@ def main():
     from common.docs import write_section
     attention = {row: run_json_child(__file__, ["--child", "attention", row], ROOT)
                  for row in ("replicated", "gather", "ring", "all_to_all")}
-    llama = {row: run_json_child(__file__, ["--child", "llama", row], ROOT)
-             for row in ("ring", "all_to_all")}
-    text = "\n\n".join([table("32k-token causal attention, 8 x h100-80gb", attention),
-                        ratios(attention),
-                        table("Llama 3 8B, 8 x 128k tokens, 64 x h100-80gb (fsdp 8 x cp 8)",
-                              llama)])
+    parts = [table("32k-token causal attention, 8 x h100-80gb", attention), ratios(attention)]
+    if not args.attention_only:
+        llama = {row: run_json_child(__file__, ["--child", "llama", row], ROOT)
+                 for row in ("ring", "all_to_all")}
+        parts.append(table("Llama 3 8B, 8 x 128k tokens, 64 x h100-80gb (fsdp 8 x cp 8)", llama))
+    text = "\n\n".join(parts)
     print(text)
-    if args.write:
+    if args.write and not args.attention_only:
         write_section(os.path.join(ROOT, "docs", "benchmarks.md"),
                       "Context parallelism: ring and all-to-all attention (issue 50)",
                       "`python benchmarks/context_parallel.py --write`: " +

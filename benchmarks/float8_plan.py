@@ -59,20 +59,19 @@ def plan_row(float8: bool) -> dict:
 
 
 def table(rows: dict) -> str:
-    lines = ["| Llama 3 8B, FSDP over 8 x h100-80gb, batch 8 x 4096 | FLOPs per device | "
-             "compute (FLOP-bound ops + HBM-bound ops) | host issue | collective bytes per device "
-             "(count) | exposed communication | peak per device | predicted step | MFU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, r in rows.items():
-        if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} | | | | | | | |")
-            continue
-        lines.append(f"| {name} | {r['flops'] / 1e12:.1f} TFLOP | {r['compute']:.3f} s ({r['matmul']:.3f} + "
-                     f"{r['memory']:.3f}) | {r['host']:.3f} s | "
-                     f"{r['collective_bytes'] / 2**30:.2f} GiB ({r['collectives']}) | {r['exposed']:.3f} s | "
-                     f"{r['peak'] / 1e9:.1f} GB{'' if r['fits'] else ' (does not fit)'} | "
-                     f"{r['step']:.3f} s | {r['mfu'] * 100:.1f}% |")
-    return "\n".join(lines)
+    from common.docs import rows_table
+    return rows_table(
+        ["Llama 3 8B, FSDP over 8 x h100-80gb, batch 8 x 4096", "FLOPs per device",
+         "compute (FLOP-bound ops + HBM-bound ops)", "host issue",
+         "collective bytes per device (count)", "exposed communication", "peak per device",
+         "predicted step", "MFU"], rows,
+        lambda r: [f"{r['flops'] / 1e12:.1f} TFLOP",
+                   f"{r['compute']:.3f} s ({r['matmul']:.3f} + {r['memory']:.3f})",
+                   f"{r['host']:.3f} s",
+                   f"{r['collective_bytes'] / 2**30:.2f} GiB ({r['collectives']})",
+                   f"{r['exposed']:.3f} s",
+                   f"{r['peak'] / 1e9:.1f} GB{'' if r['fits'] else ' (does not fit)'}",
+                   f"{r['step']:.3f} s", f"{r['mfu'] * 100:.1f}%"])
 
 
 NOTES = """How to read it: the Float8 row's FP8 matmuls take half the FLOP-bound time, but its

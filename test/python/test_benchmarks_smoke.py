@@ -76,3 +76,20 @@ def test_float8_plan_benchmark_plans_both_rows():
     bound = {k: float(v[1].split("(")[1].split("+")[0]) for k, v in rows.items()}
     assert abs(flops["Float8 linears (blocks)"] / flops["bf16 linears"] - 1) < 0.01
     assert bound["Float8 linears (blocks)"] < 0.6 * bound["bf16 linears"]
+
+
+def test_context_parallel_benchmark_attention_rows():
+    # benchmarks/context_parallel.py part 1 (issue 50): the four layouts plan; the ring holds
+    # less than a third of the replicated layout's peak and passes 58 collective-permutes.
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "context_parallel.py"),
+                           "--attention-only"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]]
+            for l in proc.stdout.splitlines() if l.startswith("| ") and "MiB" in l}
+    assert set(rows) == {"replicated", "gather", "ring", "all_to_all"}, proc.stdout
+    peak = {k: float(v[0].split()[0].replace(",", "")) for k, v in rows.items()}
+    assert peak["ring"] < peak["replicated"] / 3 and peak["ring"] < peak["gather"] / 2
+    assert rows["ring"][1] == "58 collective-permute", rows["ring"]
+

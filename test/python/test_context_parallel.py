@@ -20,6 +20,7 @@ import torch_spmd.distributed.spmd as xs
 import torch_spmd.plan as plan
 import torch_spmd.runtime as xr
 from spmd_diff import check, ensure_devices, mesh_of
+from test_attention import qkv
 
 SEQ = (None, None, "x", None)  # [b, heads, sequence, head dim]: the sequence over 'x'
 
@@ -29,16 +30,6 @@ def devices():
     ensure_devices()
     yield
     xr.set_context_parallel("auto")
-
-
-def randn(*shape, dtype=torch.float64, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def qkv(b, h, l, s, d, hk=None, dtype=torch.float64):
-    hk = hk or h
-    return [randn(b, h, l, d, dtype=dtype, seed=1), randn(b, hk, s, d, dtype=dtype, seed=2),
-            randn(b, hk, s, d, dtype=dtype, seed=3)]
 
 
 def attention(method, inputs, specs, mesh, fwd=None, bwd=None, run=False, **sdpa_args):
