@@ -7,6 +7,7 @@ backward, with the padding of uneven shards poisoned (spmd_diff), and with the e
 collectives each method issues; an HF Llama trained with its sequence sharded; plan mode's
 memory and time for the ring."""
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -205,3 +206,37 @@ def test_plan_ring_holds_tiles_not_the_whole_keys():
     assert gathered.peak_bytes_per_device[0] - ring.peak_bytes_per_device[0] > whole_kv
     # The ring's transfers hide behind its blocks: no slower than gathering the keys.
     assert ring.predicted_step_seconds <= gathered.predicted_step_seconds * 1.05
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("SPMD_FUZZ_SEED", "0")),
+                                        int(os.environ.get("SPMD_FUZZ_SEED", "0")) +
+                                        int(os.environ.get("SPMD_CP_CASES", "40"))))
+def test_random_attention_layouts_equal_cpu(seed):
+    # Fresh shapes and layouts drawn per seed: batch, kv heads and their groups, lengths
+    # (equal for causal, even or uneven over the axes), the sequence over one mesh axis (or
+    # two), the batch over another, each method; forward and backward equal to CPU with the
+    # padding poisoned. Fuzz knobs: SPMD_CP_CASES seeds from SPMD_FUZZ_SEED.
+    import random
+    rnd = random.Random(seed)
+    mesh_shape = rnd.choice([(8,), (4, 2), (2, 4), (2, 2, 2)])
+    axes = {(8,): ("x",), (4, 2): ("data", "model"), (2, 4): ("data", "model"),
+            (2, 2, 2): ("a", "b", "c")}[mesh_shape]
+    seq_axes = tuple(rnd.sample(axes, rnd.choice([1, 2]) if len(axes) > 1 else 1))
+    rest = [a for a in axes if a not in seq_axes]
+    batch_axis = rnd.choice(rest + [None]) if rest else None
+    tiles = 1
+    for a in seq_axes:
+        tiles *= mesh_shape[axes.index(a)]
+    causal = rnd.random() < 0.6
+    l = tiles * rnd.choice([1, 2, 3, 4]) + (rnd.choice([0, 0, 1]) if tiles > 1 else 0)
+    s = l if causal else tiles * rnd.choice([1, 2, 3])
+    hk = rnd.choice([1, 2, 4])
+    h = hk * rnd.choice([1, 2])
+    b = rnd.choice([1, 2, 3])
+    method = rnd.choice(["auto", "ring", "all_to_all", "gather"])
+    seq = seq_axes[0] if len(seq_axes) == 1 else seq_axes
+    spec = (batch_axis, None, seq, None)
+    kwargs = dict(is_causal=causal)
+    if h != hk:
+        kwargs["enable_gqa"] = True
+    attention(method, qkv(b, h, l, s, 8, hk=hk), [spec] * 3, mesh_of(mesh_shape), **kwargs)

@@ -7,6 +7,8 @@ back. Every token is computed by its expert (none dropped), sharded over the exp
 their hidden dim (expert tensor parallelism) or over the tokens, forward and backward equal to
 CPU eager (spmd_diff: uneven shards' padding poisoned)."""
 import collections
+import os
+import random
 
 import pytest
 import torch
@@ -120,6 +122,46 @@ def test_histc_of_sharded_values_sums_the_partial_histograms(spec):
     # 13 values over 8 devices: the padding (poisoned) is counted nowhere.
     check(lambda v: torch.histc(v, bins=5, min=-2, max=2), [T(13)], [spec], mesh_of((8,)),
           fwd=[("all-reduce", ("x",))] if spec[0] else [])
+
+
+def routed(experts, top_k):
+    """`moe` with `experts` experts and top-`top_k` routing."""
+    def layer(x, router, w1, w2):
+        scores = (x @ router).softmax(-1)
+        top_w, top_i = scores.topk(top_k, -1)
+        slots = top_i.reshape(-1)
+        order = slots.argsort(stable=True)
+        offs = torch.histc(slots.float(), bins=experts, min=0, max=experts - 1).cumsum(0)
+        rows = x[order // top_k]
+        h = F.silu(torch._grouped_mm(rows, w1, offs=offs.to(torch.int32)))
+        y = torch._grouped_mm(h, w2, offs=offs.to(torch.int32))
+        y = y * top_w.reshape(-1)[order].unsqueeze(-1)
+        return torch.zeros_like(x).index_add(0, order // top_k, y)
+    return layer
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("SPMD_FUZZ_SEED", "0")),
+                                        int(os.environ.get("SPMD_FUZZ_SEED", "0")) +
+                                        int(os.environ.get("SPMD_MOE_CASES", "20"))))
+def test_random_moe_layouts_equal_cpu(seed):
+    # Fresh sizes and layouts per seed: tokens, experts (even or not over their axis), top-k,
+    # the experts, their hidden dim and the tokens each over a mesh axis or not; forward and
+    # backward equal to CPU. Fuzz knobs: SPMD_MOE_CASES seeds from SPMD_FUZZ_SEED.
+    rnd = random.Random(seed)
+    mesh_shape = rnd.choice([(8,), (4, 2), (2, 4), (2, 2, 2)])
+    axes = {(8,): ["x"], (4, 2): ["data", "model"], (2, 4): ["data", "model"],
+            (2, 2, 2): ["a", "b", "c"]}[mesh_shape]
+    pick = lambda: rnd.choice(axes + [None, None])  # noqa: E731
+    experts, top_k = rnd.choice([2, 4, 6, 8]), rnd.choice([1, 2, 3])
+    top_k = min(top_k, experts)
+    tokens, d, f = rnd.randint(1, 40), rnd.choice([4, 8, 16]), rnd.choice([4, 8, 16])
+    e_axis, f_axis, t_axis = pick(), pick(), pick()
+    if f_axis == e_axis:
+        f_axis = None
+    specs = [(t_axis, None), None, (e_axis, None, f_axis), (e_axis, f_axis, None)]
+    ins = [T(tokens, d), T(d, experts, seed=1), T(experts, d, f, seed=2, scale=0.3),
+           T(experts, f, d, seed=3, scale=0.3)]
+    check(routed(experts, top_k), ins, specs, mesh_of(mesh_shape), grad=[0, 2, 3])
 
 
 def hf_moe(family):

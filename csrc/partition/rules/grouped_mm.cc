@@ -18,6 +18,7 @@
 // rule.
 #include <algorithm>
 
+#include "partition/halo.h"
 #include "partition/rules/all_rules.h"
 #include "partition/rules/local_ops.h"
 #include "partition/rules/rule.h"
@@ -95,6 +96,44 @@ LocalGroups Groups(LocalBuilder& b, const LocalValue& offs, const AxisList& row_
   return {CastTo(b, local_ends, DType::kInt32), keep};
 }
 
+// The kernels (CPU's and CUDA's) take matrices whose rows start 16 bytes apart; a sharded dim
+// may leave a local extent that does not (a tile of 2 floats). The local op then runs on its
+// operands padded with zeros along the matrices' last dims (zero columns of a contraction add
+// nothing; zero result columns are sliced off).
+int64_t AlignedExtent(int64_t n, DType dtype) {
+  const int64_t a = std::max<int64_t>(1, 16 / std::max<int64_t>(1, ElementSize(dtype)));
+  return (n + a - 1) / a * a;
+}
+
+// The node's op on `operands` (rows, matrix, offs), each matrix's last dims padded to the
+// kernel's alignment; the result sliced back to the layout's local shape.
+LocalValue AlignedGroupedMm(LocalBuilder& b, const GroupedForm& form,
+                            std::vector<LocalValue> operands) {
+  const TensorType& global = b.node().output(0);
+  const Sharding& layout = b.result_layout(0);
+  const Shape local = LocalShape(global.shape, layout);
+  LocalValue& a = operands[0];
+  LocalValue& m = operands[1];
+  const DType dt = a.value.type().dtype;
+  const int64_t inner = a.local_shape()[1];  // K (experts) or T (weight grad)
+  const int64_t pad_inner = AlignedExtent(inner, dt) - inner;
+  const int n_dim = m.value.type().rank() - 1;
+  const int64_t n = m.local_shape()[n_dim];
+  const int64_t pad_n = AlignedExtent(n, dt) - n;
+  if (pad_inner == 0 && pad_n == 0) return b.EmitNodeOp(operands)[0];
+  a = PadRows(b, a, 1, 0, pad_inner);
+  m = PadRows(b, m, form.experts_in_result ? 0 : 1, 0, pad_inner);  // its K (or T) dim
+  m = PadRows(b, m, n_dim, 0, pad_n);
+  Shape padded = local;
+  padded.back() += pad_n;
+  std::vector<ir::Value> inputs;
+  for (const LocalValue& v : operands) inputs.push_back(v.value);
+  ir::NodePtr op = b.program().Emit(b.node().op(), std::move(inputs), b.WithSlots(b.node().args()),
+                                    {TensorType{global.dtype, padded}}, {layout});
+  return SliceRows(b, LocalValue{ir::Value{op, 0}, layout, global},
+                   static_cast<int64_t>(local.size()) - 1, 0, local.back());
+}
+
 std::optional<ShardingRule> GroupedMm(const ir::Node& node) {
   const int oi = InputOfArg(node, "offs"), bi = InputOfArg(node, "bias");
   if (node.inputs().size() < 3 || oi != 2 || bi >= 0) return std::nullopt;
@@ -131,7 +170,8 @@ std::optional<ShardingRule> GroupedMm(const ir::Node& node) {
   rule.cost.flops_per_point = 2.0 / static_cast<double>(E);  // each row meets one expert
   rule.lowering.lower = [form, E](LocalBuilder& b, const std::vector<LocalValue>& operands) {
     const AxisList &row_axes = b.factor_axes()[form.t], &expert_axes = b.factor_axes()[form.e];
-    if (row_axes.empty() && expert_axes.empty()) return b.EmitNodeOp(operands);
+    if (row_axes.empty() && expert_axes.empty())
+      return std::vector<LocalValue>{AlignedGroupedMm(b, form, operands)};
     const LocalValue& rows_of = operands[form.rows];
     const int64_t rows = rows_of.local_shape()[form.row_dim];
     const int64_t experts = (E + AxesSize(b.mesh(), expert_axes) - 1) / AxesSize(b.mesh(), expert_axes);
@@ -141,9 +181,9 @@ std::optional<ShardingRule> GroupedMm(const ir::Node& node) {
     // The rows of other experts' groups read zeros (for the weight grad, g's rows: the
     // contraction's other operand may stay as it is).
     local[form.rows] = WhereElseZero(b, g.keep, local[form.rows]);
-    std::vector<LocalValue> out = b.EmitNodeOp(local);
-    if (!form.experts_in_result) out[0] = WhereElseZero(b, g.keep, out[0]);  // rows past the groups
-    return out;
+    LocalValue out = AlignedGroupedMm(b, form, local);
+    if (!form.experts_in_result) out = WhereElseZero(b, g.keep, out);  // rows past the groups
+    return std::vector<LocalValue>{out};
   };
   return rule;
 }
