@@ -179,8 +179,9 @@ def hf_moe(family):
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_hf_moe_trains_with_its_experts_sharded(family):
     # Hugging Face's grouped_mm experts (config._experts_implementation), every expert weight
-    # [E, ...] over the 8 devices and the batch too: the gradients equal CPU's, the experts'
-    # GEMMs recorded (no eager fallback, nothing replicated for want of a rule).
+    # [E, ...] over the 8 devices and the batch too: three SGD steps whose losses and
+    # gradients equal CPU's, the experts' GEMMs recorded (no eager fallback, nothing
+    # replicated for want of a rule).
     import numpy as np
     import torch_spmd
     import torch_spmd.core.xla_model as xm
@@ -196,16 +197,29 @@ def test_hf_moe_trains_with_its_experts_sharded(family):
     assert len(experts) == 4
     for p in experts:
         xs.mark_sharding(p, mesh, ("ep", None, None))
-    ids = torch.randint(1, 128, (8, 16), generator=torch.Generator().manual_seed(1))
-    cpu(input_ids=ids, labels=ids).loss.backward()
-    ids_dev = ids.to(torch_spmd.device())
-    xs.mark_sharding(ids_dev, mesh, ("ep", None))
-    dev(input_ids=ids_dev, labels=ids_dev).loss.backward()
-    xm.mark_step()
-    stats = torch_spmd.debug.last_step_stats()
-    assert not stats["replicated_fallback_ops"], stats["replicated_fallback_ops"]
-    assert sum(c[0] == "aten::_grouped_mm" for c in stats["op_costs"]) == 2 * 2 * 3  # per layer:
-    # two forward GEMMs, and in the backward two gradients of each
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_dev = torch.optim.SGD(dev.parameters(), lr=0.1)
+    for step in range(3):
+        ids = torch.randint(1, 128, (8, 16), generator=torch.Generator().manual_seed(1 + step))
+        opt_cpu.zero_grad()
+        loss_cpu = cpu(input_ids=ids, labels=ids).loss
+        loss_cpu.backward()
+        opt_cpu.step()
+        ids_dev = ids.to(torch_spmd.device())
+        xs.mark_sharding(ids_dev, mesh, ("ep", None))
+        opt_dev.zero_grad()
+        loss_dev = dev(input_ids=ids_dev, labels=ids_dev).loss
+        loss_dev.backward()
+        opt_dev.step()
+        xm.mark_step()
+        stats = torch_spmd.debug.last_step_stats()
+        assert not stats["replicated_fallback_ops"], stats["replicated_fallback_ops"]
+        # per layer: two forward GEMMs, and in the backward two gradients of each
+        assert sum(c[0] == "aten::_grouped_mm" for c in stats["op_costs"]) == 2 * 2 * 3
+        torch.testing.assert_close(loss_dev.cpu(), loss_cpu.detach(), rtol=2e-5, atol=2e-5)
+        for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
+            torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=2e-5, atol=2e-5,
+                                       msg=lambda m: f"step {step} grad of {name}: {m}")
     for (name, p_cpu), p_dev in zip(cpu.named_parameters(), dev.parameters()):
-        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=2e-5, atol=2e-5,
-                                   msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(p_dev.cpu(), p_cpu.detach(), rtol=2e-5, atol=2e-5,
+                                   msg=lambda m: f"{name}: {m}")
