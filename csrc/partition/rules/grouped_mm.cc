@@ -31,8 +31,7 @@ using ir::Arg;
 using ir::ArgType;
 
 struct GroupedForm {
-  int rows = -1;       // the operand holding the rows (t) as its dim `row_dim`
-  int row_dim = -1;
+  int rows = -1;  // the operand holding the rows (t), as its dim 0
   bool experts_in_result = false;  // the weight grad's [E, K, N]
   int t = -1, e = -1;  // factors
 };
@@ -52,47 +51,28 @@ LocalValue Gathered(LocalBuilder& b, const LocalValue& table, const LocalValue& 
                   {Arg::Tensor(0), Arg::Int(0), Arg::Tensor(1)}, out, index.layout, out);
 }
 
-LocalValue Clamped(LocalBuilder& b, const LocalValue& x, int64_t lo, int64_t hi) {
-  static const std::vector<ir::ArgSchema> schema = {
-      {"self", ArgType::kTensor}, {"min", ArgType::kScalar, true}, {"max", ArgType::kScalar, true}};
-  return b.EmitOp("aten::clamp", schema, {x.value},
-                  {Arg::Tensor(0), Arg::ScalarInt(lo), Arg::ScalarInt(hi)}, x.value.type(),
-                  x.layout, x.global);
-}
-
 LocalGroups Groups(LocalBuilder& b, const LocalValue& offs, const AxisList& row_axes,
                    int64_t rows, const AxisList& expert_axes, int64_t experts, int64_t E) {
-  static const std::vector<ir::ArgSchema> cat = {{"tensors", ArgType::kTensorList},
-                                                 {"dim", ArgType::kInt}};
   // bounds[j] = offs[j - 1] (0 for j = 0), j <= E: where group j starts, E: where all end.
-  const LocalValue wide = CastTo(b, offs, DType::kInt64);
-  const TensorType bounds_t{DType::kInt64, {E + 1}};
-  const LocalValue bounds = b.EmitOp("aten::cat", cat, {Range(b, 0, 1, 1).value, wide.value},
-                                     {Arg::TensorList({0, 1}), Arg::Int(0)}, bounds_t,
-                                     Sharding::Replicated(b.program().mesh(), 1), bounds_t);
+  const LocalValue bounds = Concat(b, {Range(b, 0, 1, 1), CastTo(b, offs, DType::kInt64)}, 0);
   const LocalValue first_expert = TileTable(b, expert_axes, 0, experts, 0);  // [1]
   const LocalValue first_row = TileTable(b, row_axes, 0, rows, 0);           // [1]
   // Local group j ends where expert e0 + j does (experts past E end at the last row).
   const LocalValue ends = Gathered(
       b, bounds,
-      Clamped(b, Binary(b, "aten::add.Tensor", Range(b, 1, experts + 1, 1), first_expert), 0, E));
+      Clamp(b, Binary(b, "aten::add.Tensor", Range(b, 1, experts + 1, 1), first_expert), 0, E));
   const LocalValue local_ends =
-      Clamped(b, Binary(b, "aten::sub.Tensor", ends, first_row), 0, rows);
-  const LocalValue start = Gathered(b, bounds, Clamped(b, first_expert, 0, E));  // [1]
+      Clamp(b, Binary(b, "aten::sub.Tensor", ends, first_row), 0, rows);
+  const LocalValue start = Gathered(b, bounds, Clamp(b, first_expert, 0, E));  // [1]
   const LocalValue stop =  // where expert e0 + experts starts
-      Gathered(b, bounds, Clamped(b, TileTable(b, expert_axes, experts, experts, 0), 0, E));
+      Gathered(b, bounds, Clamp(b, TileTable(b, expert_axes, experts, experts, 0), 0, E));
   const LocalValue positions = TilePositions(b, row_axes, rows, 0, /*column=*/true);
-  static const std::vector<ir::ArgSchema> two = {{"self", ArgType::kTensor},
-                                                 {"other", ArgType::kTensor}};
   static const std::vector<ir::ArgSchema> one = {{"self", ArgType::kTensor}};
-  const LocalValue from_start = AtLeast(b, positions, start);
   const LocalValue past_stop = AtLeast(b, positions, stop);
   const LocalValue before_stop =
       b.EmitOp("aten::logical_not", one, {past_stop.value}, {Arg::Tensor(0)},
                past_stop.value.type(), past_stop.layout, past_stop.global);
-  const LocalValue keep = b.EmitOp("aten::logical_and", two, {from_start.value, before_stop.value},
-                                   {Arg::Tensor(0), Arg::Tensor(1)}, from_start.value.type(),
-                                   from_start.layout, from_start.global);
+  const LocalValue keep = LogicalAnd(b, AtLeast(b, positions, start), before_stop);
   return {CastTo(b, local_ends, DType::kInt32), keep};
 }
 
@@ -153,7 +133,7 @@ std::optional<ShardingRule> GroupedMm(const ir::Node& node) {
     rule.factors[k].sums = rule.factors[e].sums = true;
     rule.operands = {{{t}, {k}}, {{e}, {k}, {n}}, {{}}};
     rule.results = {{{t}, {n}}};
-    form = GroupedForm{0, 0, false, t, e};
+    form = GroupedForm{0, false, t, e};
   } else if (m.rank() == 2) {  // weight grad: [K, T] x [T, N] -> [E, K, N]
     if (m.shape[0] != a.shape[1]) return std::nullopt;
     const int k = rule.AddFactor(a.shape[0]);
@@ -163,7 +143,7 @@ std::optional<ShardingRule> GroupedMm(const ir::Node& node) {
     rule.factors[t].sums = true;
     rule.operands = {{{k}, {t}}, {{t}, {n}}, {{}}};
     rule.results = {{{e}, {k}, {n}}};
-    form = GroupedForm{1, 0, true, t, e};
+    form = GroupedForm{1, true, t, e};
   } else {
     return std::nullopt;
   }
@@ -173,7 +153,7 @@ std::optional<ShardingRule> GroupedMm(const ir::Node& node) {
     if (row_axes.empty() && expert_axes.empty())
       return std::vector<LocalValue>{AlignedGroupedMm(b, form, operands)};
     const LocalValue& rows_of = operands[form.rows];
-    const int64_t rows = rows_of.local_shape()[form.row_dim];
+    const int64_t rows = rows_of.local_shape()[0];
     const int64_t experts = (E + AxesSize(b.mesh(), expert_axes) - 1) / AxesSize(b.mesh(), expert_axes);
     const LocalGroups g = Groups(b, operands[2], row_axes, rows, expert_axes, experts, E);
     std::vector<LocalValue> local = operands;

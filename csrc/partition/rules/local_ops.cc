@@ -47,6 +47,29 @@ LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_
   return TileTable(b, axes, -left, tile, 0);
 }
 
+LocalValue LogicalAnd(LocalBuilder& b, const LocalValue& x, const LocalValue& y) {
+  static const std::vector<ir::ArgSchema> schema = {{"self", ArgType::kTensor},
+                                                    {"other", ArgType::kTensor}};
+  return b.EmitOp("aten::logical_and", schema, {x.value, y.value},
+                  {Arg::Tensor(0), Arg::Tensor(1)}, x.value.type(), x.layout, x.global);
+}
+
+LocalValue Clamp(LocalBuilder& b, const LocalValue& x, int64_t lo, int64_t hi) {
+  static const std::vector<ir::ArgSchema> schema = {
+      {"self", ArgType::kTensor}, {"min", ArgType::kScalar, true}, {"max", ArgType::kScalar, true}};
+  return b.EmitOp("aten::clamp", schema, {x.value},
+                  {Arg::Tensor(0), Arg::ScalarInt(lo), Arg::ScalarInt(hi)}, x.value.type(),
+                  x.layout, x.global);
+}
+
+LocalValue Where(LocalBuilder& b, const LocalValue& keep, const LocalValue& x, const LocalValue& y) {
+  static const std::vector<ir::ArgSchema> schema = {
+      {"condition", ArgType::kTensor}, {"self", ArgType::kTensor}, {"other", ArgType::kTensor}};
+  return b.EmitOp("aten::where.self", schema, {keep.value, x.value, y.value},
+                  {Arg::Tensor(0), Arg::Tensor(1), Arg::Tensor(2)}, x.value.type(), x.layout,
+                  x.global);
+}
+
 LocalValue CastTo(LocalBuilder& b, const LocalValue& x, DType dtype) {
   static const std::vector<ir::ArgSchema> schema = {
       {"self", ArgType::kTensor},          {"dtype", ArgType::kScalarType, true},
@@ -72,33 +95,13 @@ LocalIndex IndexIntoTile(LocalBuilder& b, const LocalValue& global_index, const 
   // (The offset is int64, so the local index is too, whatever the indices' integer type.)
   LocalValue offset = RowOffset(b, axes, rows, 0);
   LocalValue local = Binary(b, "aten::sub.Tensor", global_index, offset, 1, DType::kInt64);
-  static const std::vector<ir::ArgSchema> and_schema = {{"self", ArgType::kTensor},
-                                                        {"other", ArgType::kTensor}};
-  auto both = [&](const LocalValue& x, const LocalValue& y) {
-    return b.EmitOp("aten::logical_and", and_schema, {x.value, y.value},
-                    {Arg::Tensor(0), Arg::Tensor(1)}, x.value.type(), x.layout, x.global);
-  };
-  LocalValue keep = both(WithScalar(b, "aten::ge.Scalar", local, 0, DType::kBool),
-                         WithScalar(b, "aten::lt.Scalar", local, rows, DType::kBool));
+  LocalValue keep = LogicalAnd(b, WithScalar(b, "aten::ge.Scalar", local, 0, DType::kBool),
+                               WithScalar(b, "aten::lt.Scalar", local, rows, DType::kBool));
   if (exclude >= 0)
-    keep = both(keep, WithScalar(b, "aten::ne.Scalar", global_index, exclude, DType::kBool));
-  static const std::vector<ir::ArgSchema> clamp_schema = {
-      {"self", ArgType::kTensor}, {"min", ArgType::kScalar, true}, {"max", ArgType::kScalar, true}};
-  LocalValue index = b.EmitOp("aten::clamp", clamp_schema, {local.value},
-                              {Arg::Tensor(0), Arg::ScalarInt(0), Arg::ScalarInt(rows - 1)},
-                              local.value.type(), local.layout, local.global);
-  if (mask_for_rows) {
-    static const std::vector<ir::ArgSchema> unsqueeze_schema = {{"self", ArgType::kTensor},
-                                                                {"dim", ArgType::kInt}};
-    Shape shape = keep.value.type().shape, global = keep.global.shape;
-    shape.push_back(1);
-    global.push_back(1);
-    std::vector<AxisList> dims = keep.layout.dim_axes();
-    dims.push_back({});
-    keep = b.EmitOp("aten::unsqueeze_copy", unsqueeze_schema, {keep.value},
-                    {Arg::Tensor(0), Arg::Int(-1)}, TensorType{DType::kBool, shape},
-                    Sharding::Tiled(b.program().mesh(), dims), TensorType{DType::kBool, global});
-  }
+    keep = LogicalAnd(b, keep,
+                      WithScalar(b, "aten::ne.Scalar", global_index, exclude, DType::kBool));
+  LocalValue index = Clamp(b, local, 0, rows - 1);
+  if (mask_for_rows) keep = Unsqueezed(b, keep);
   return {index, keep};
 }
 

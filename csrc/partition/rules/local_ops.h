@@ -24,6 +24,12 @@ LocalValue WithScalar(LocalBuilder& b, const char* op, const LocalValue& x, int6
 // index of local index 0 along a dim tiled over `axes` (`left` extra leading elements, a
 // halo). An arange sliced per device (no communication).
 LocalValue RowOffset(LocalBuilder& b, const AxisList& axes, int64_t tile, int64_t left);
+// x && y (bool, broadcast onto x), laid out as x.
+LocalValue LogicalAnd(LocalBuilder& b, const LocalValue& x, const LocalValue& y);
+// x clamped into [lo, hi].
+LocalValue Clamp(LocalBuilder& b, const LocalValue& x, int64_t lo, int64_t hi);
+// Where `keep` (bool, broadcast onto x) x, else y (of x's shape), laid out as x.
+LocalValue Where(LocalBuilder& b, const LocalValue& keep, const LocalValue& x, const LocalValue& y);
 // x converted to `dtype` (aten::_to_copy), laid out as x.
 LocalValue CastTo(LocalBuilder& b, const LocalValue& x, DType dtype);
 // Where `keep` (bool, broadcast onto x from the right) x, else `other`.

@@ -206,21 +206,12 @@ class Ring {
       const LocalValue first_key =
           b_.EmitOp("aten::min", self, {Positions(cols_, t).value}, {Arg::Tensor(0)}, scalar,
                     Sharding::Replicated(b_.program().mesh(), 0), scalar);
-      merged = Select(AtLeast(b_, q_rows_column_, first_key), merged, o);
-      merged_lse = Select(AtLeast(b_, q_rows_, first_key), merged_lse, lse);
+      merged = Where(b_, AtLeast(b_, q_rows_column_, first_key), merged, o);
+      merged_lse = Where(b_, AtLeast(b_, q_rows_, first_key), merged_lse, lse);
       b_.program().MarkInPlace(merged.value.node.get(), 1);
     }
     o = merged;
     lse = merged_lse;
-  }
-
-  // Where `keep` (broadcast onto x) x, else y.
-  LocalValue Select(const LocalValue& keep, const LocalValue& x, const LocalValue& y) {
-    static const std::vector<ir::ArgSchema> where = {
-        {"condition", ArgType::kTensor}, {"self", ArgType::kTensor}, {"other", ArgType::kTensor}};
-    return b_.EmitOp("aten::where.self", where, {keep.value, x.value, y.value},
-                     {Arg::Tensor(0), Arg::Tensor(1), Arg::Tensor(2)}, x.value.type(), x.layout,
-                     x.global);
   }
 
   LocalBuilder& b_;
