@@ -60,6 +60,8 @@ std::vector<LiveValue> ValueLifetimes(const Program& program, const std::vector<
     if (c.view)
       for (int64_t k = c.position; k < c.end_position && k < end; ++k)
         aliases[k] = !program.nodes[k]->inputs().empty() && program.nodes[k]->num_outputs() == 1;
+  for (size_t k = 0; k < program.nodes.size(); ++k)
+    if (program.views.count(program.nodes[k].get())) aliases[k] = true;
   for (int i = end - 1; i >= 0; --i) {
     const ir::Node& n = *program.nodes[i];
     if (!aliases[i]) continue;

@@ -52,6 +52,10 @@ class ProgramBuilder {
   // adds into it in place.
   void MarkInPlace(const ir::Node* n, int operand) { in_place_.emplace(n, std::vector<int>{operand}); }
   const std::unordered_map<const ir::Node*, std::vector<int>>& in_place() const { return in_place_; }
+  // Marks node `n` (a slice read only by kernels that accept strides) as a view of its
+  // operand (Program::views), as eager code passes q[..., :half, :] to a kernel.
+  void MarkView(const ir::Node* n) { views_.push_back(n); }
+  const std::vector<const ir::Node*>& views() const { return views_; }
   std::vector<ir::NodePtr>& nodes() { return nodes_; }
   std::vector<CollectiveStat>& collectives() { return collectives_; }
 
@@ -77,6 +81,7 @@ class ProgramBuilder {
   std::vector<ir::NodePtr> nodes_;
   std::vector<CollectiveStat> collectives_;
   std::vector<const ir::Node*> made_by_readers_;
+  std::vector<const ir::Node*> views_;
   std::unordered_map<const ir::Node*, std::vector<int>> in_place_;
   std::shared_ptr<const std::vector<int64_t>> mesh_shape_;  // shared by the stats
   std::unordered_multimap<Hash, ReshardEntry> reshards_;

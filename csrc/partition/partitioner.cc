@@ -147,6 +147,7 @@ class Partitioner {
     program.in_place.insert(builder_.in_place().begin(), builder_.in_place().end());
     if (options_.fused_memory) MarkFusedAway(program);
     program.fused_away.insert(builder_.made_by_readers().begin(), builder_.made_by_readers().end());
+    program.views.insert(builder_.views().begin(), builder_.views().end());
     int64_t peak_at = 0;
     program.stats.peak_bytes_per_device = PeakBytesPerDevice(program, &peak_at);
     program.stats.host_peak_bytes_per_device = PeakHostBytesPerDevice(program);

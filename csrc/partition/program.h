@@ -124,6 +124,9 @@ struct Program {
   // dies there, as XLA's buffer assignment shares it): per result, that operand's input index,
   // or -1.
   std::unordered_map<const ir::Node*, std::vector<int>> in_place;
+  // Nodes a lowering emitted as views of their first operand (a kernel reading part of a
+  // tile through strides): no bytes of their own; the operand lives as long as they are read.
+  std::unordered_set<const ir::Node*> views;
   std::string ToText() const;
   const OpTraits& TraitsAt(size_t node_index) const;
 };

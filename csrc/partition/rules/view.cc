@@ -380,7 +380,7 @@ void RegisterViewRules() {
   RegisterRules({"aten::split_copy", "aten::split_with_sizes_copy", "aten::narrow_copy"},
                 ReadsNoExtents(AsView(LinearIn(Positional(SlicedDim)), ViewKind::kReshape)));
   RegisterRule("aten::slice_copy", WithRowsOf(ReadsNoExtents(
-                                       AsView(LinearIn(Positional(SlicedDim)), ViewKind::kReshape))));
+                                       AsView(LinearIn(Positional(SlicedDim)), ViewKind::kSubset))));
   RegisterRule("aten::cumsum", ReadsNoExtents(LinearIn(Positional(DimArg))));
   // _safe_softmax: softmax with fully masked rows zero (scaled_dot_product_attention's math
   // path, torch >= 2.5).
