@@ -7,8 +7,9 @@ Usage (from the repository root, after a build):
     PYTHONPATH=$PWD python tools/opinfo_sweep.py --mode both --json /tmp/opinfo.json
     PYTHONPATH=$PWD python tools/opinfo_sweep.py --mode sharded --ops '^(cumsum|sort)$' -v
 
-What it does, per op of ``op_db`` that has CPU float32 samples (``op.supported_dtypes('cpu')``
-contains float32), for up to ``--max-samples`` of ``op.sample_inputs('cpu', torch.float32)``:
+What it does, per op of ``op_db`` that has CPU samples of the dtype (``--dtype``, default
+float32: ``op.supported_dtypes('cpu')`` contains it), for up to ``--max-samples`` of
+``op.sample_inputs('cpu', dtype)``:
 
 - CPU: runs the op on the sample; a sample whose CPU run raises is skipped.
 - device: runs the op on a copy of the sample whose tensors (also inside lists, tuples, dicts
@@ -25,8 +26,9 @@ contains float32), for up to ``--max-samples`` of ``op.sample_inputs('cpu', torc
   (``as_strided``), so storage-level ops see the same storage.
 - compares outputs (structure, tensor shape, dtype, device, values with
   ``torch.testing.assert_close(equal_nan=True)``) and the inputs after the call (in-place
-  ops). Tolerances: rtol=1.3e-6, atol=1e-5, raised to the op's own float32 ``toleranceOverride``
-  / ``precisionOverride`` from its OpInfo decorators where it has one.
+  ops). Tolerances (``DTYPE_TOLERANCES``): float32 rtol=1.3e-6, atol=1e-5, raised to the op's
+  own ``toleranceOverride`` / ``precisionOverride`` for the dtype from its OpInfo decorators
+  where it has one; a result of another dtype at least as loose as that dtype's.
 - random ops (``RANDOM_OPS`` below and ``op.has_nondeterministic_output``, e.g. ``empty``), and
   random samples of other ops (the CPU run drew from the default generator, e.g. SDPA with
   ``dropout_p > 0``; detected through OpInfo's ``wrapper_set_seed``): only structure, shapes,
@@ -55,6 +57,11 @@ ROOT = os.path.dirname(HERE)
 
 DEFAULT_RTOL = 1.3e-6
 DEFAULT_ATOL = 1e-5
+# (rtol, atol) per dtype: torch.testing.assert_close's defaults, which PyTorch's own device
+# tests start from; integers and bool compare exactly.
+DTYPE_TOLERANCES = {"float32": (DEFAULT_RTOL, DEFAULT_ATOL), "bfloat16": (1.6e-2, 1e-5),
+                    "float16": (1e-3, 1e-5), "int64": (0.0, 0.0), "bool": (0.0, 0.0)}
+DTYPES = tuple(DTYPE_TOLERANCES)
 MODES = ("unsharded", "sharded")
 MESH_SIZE = 8
 
@@ -93,17 +100,18 @@ def full_name(op) -> str:
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
-def load_ops(regex=None, every=1):
-    """The OpInfos with CPU float32 samples, in op_db order, as (index, name, opinfo); ``regex``
-    (re.search on the full name) and ``every`` (every k-th op by index) select a subset. The
-    index is the position in this list before any selection, so it is stable."""
+def load_ops(regex=None, every=1, dtype="float32"):
+    """The OpInfos with CPU samples of ``dtype``, in op_db order, as (index, name, opinfo);
+    ``regex`` (re.search on the full name) and ``every`` (every k-th op by index) select a
+    subset. The index is the position in this list before any selection, so it is stable."""
     _stub_expecttest()
     import torch
     from torch.testing._internal.common_methods_invocations import op_db
+    want = getattr(torch, dtype)
     ops = []
     for op in op_db:
         try:
-            ok = torch.float32 in op.supported_dtypes("cpu")
+            ok = want in op.supported_dtypes("cpu")
         except Exception:
             ok = False
         if ok:
@@ -124,22 +132,23 @@ def load_ops(regex=None, every=1):
 # Worker side: runs ops and reports one JSON line per event on stdout.
 # ------------------------------------------------------------------------------------------
 
-def _op_tolerances(op):
-    """(rtol, atol) for float32: the defaults, raised to the largest float32 tolerance override
-    among the op's OpInfo decorators (any test, CPU or any device)."""
+def _op_tolerances(op, dtype="float32"):
+    """(rtol, atol) for ``dtype``: its defaults, raised to the largest tolerance override for
+    that dtype among the op's OpInfo decorators (any test, CPU or any device)."""
     import torch
     from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
-    rtol, atol = DEFAULT_RTOL, DEFAULT_ATOL
+    rtol, atol = DTYPE_TOLERANCES[dtype]
+    key = getattr(torch, dtype)
     for info in list(getattr(op, "decorators", ()) or ()):
         if getattr(info, "device_type", None) not in (None, "cpu"):
             continue
         for dec in getattr(info, "decorators", ()) or ():
             if isinstance(dec, toleranceOverride):
-                t = dec.d.get(torch.float32)
+                t = dec.d.get(key)
                 if t is not None:
                     rtol, atol = max(rtol, t.rtol), max(atol, t.atol)
             elif isinstance(dec, precisionOverride):
-                p = dec.d.get(torch.float32)
+                p = dec.d.get(key)
                 if p is not None:
                     atol = max(atol, p)
     return rtol, atol
@@ -162,7 +171,7 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 
 class Worker:
-    def __init__(self, mode: str, poison: bool):
+    def __init__(self, mode: str, poison: bool, dtype: str = "float32"):
         _stub_expecttest()
         import torch
         import torch_spmd
@@ -178,6 +187,8 @@ class Worker:
         xr.use_spmd()
         self.mode = mode
         self.poison = poison
+        self.dtype_name = dtype
+        self.dtype = getattr(torch, dtype)
         self.dev = torch_spmd.device()
         self.mesh = xs.Mesh(list(range(MESH_SIZE)), (MESH_SIZE,), ("x",))
         self._install_draw_detector()
@@ -310,7 +321,7 @@ class Worker:
         try:
             torch.manual_seed(0)
             metas = list(itertools.islice(
-                op.sample_inputs("meta", torch.float32, requires_grad=False), len(samples)))
+                op.sample_inputs("meta", self.dtype, requires_grad=False), len(samples)))
         except Exception:
             return none
         if len(metas) != len(samples):
@@ -350,6 +361,11 @@ class Worker:
                 raise AssertionError(f"{what}: dtype {dev.dtype} != {cpu.dtype}")
             if values:
                 d = dev.detach().cpu() if dev.device.type != "cpu" else dev.detach()
+                # A result of another dtype than the samples' (an integer op's float output)
+                # is compared at least as loosely as that dtype's defaults.
+                own = DTYPE_TOLERANCES.get(str(cpu.dtype).replace("torch.", ""))
+                if own is not None:
+                    rtol, atol = max(rtol, own[0]), max(atol, own[1])
                 torch.testing.assert_close(d, cpu.detach(), rtol=rtol, atol=atol, equal_nan=True,
                                            check_device=False, check_layout=False,
                                            msg=lambda m: f"{what}: {m}")
@@ -382,8 +398,9 @@ class Worker:
         import signal
         torch = self.torch
         random = name in RANDOM_OPS or bool(getattr(op, "has_nondeterministic_output", False))
-        rtol, atol = _op_tolerances(op)
-        res = {"op": name, "random": random, "rtol": rtol, "atol": atol, "tried": 0,
+        rtol, atol = _op_tolerances(op, self.dtype_name)
+        res = {"op": name, "dtype": self.dtype_name, "random": random, "rtol": rtol, "atol": atol,
+               "tried": 0,
                "cpu_skipped": 0, "status": "skipped", "reason": ""}
 
         def on_alarm(signum, frame):
@@ -394,7 +411,7 @@ class Worker:
             torch.manual_seed(0)
             try:
                 samples = list(itertools.islice(
-                    op.sample_inputs("cpu", torch.float32, requires_grad=False), max_samples))
+                    op.sample_inputs("cpu", self.dtype, requires_grad=False), max_samples))
             except Exception as e:
                 res["status"] = "skipped"
                 res["reason"] = "sample_inputs failed: " + _one_line(e)
@@ -512,8 +529,8 @@ def worker_main(args) -> int:
         out.write("@@" + json.dumps(obj) + "\n")
         out.flush()
 
-    ops = load_ops(args.ops, args.every)
-    w = Worker(args.mode, not args.no_poison)
+    ops = load_ops(args.ops, args.every, args.dtype)
+    w = Worker(args.mode, not args.no_poison, args.dtype)
     emit({"event": "ready"})
     for idx, name, op in ops:
         if idx < args.start:
@@ -523,6 +540,7 @@ def worker_main(args) -> int:
         res = w.run_op(op, name, args.max_samples, emit, args.timeout)
         res["index"] = idx
         res["mode"] = args.mode
+        res["dtype"] = args.dtype
         res["seconds"] = round(time.time() - t0, 3)
         emit({"event": "result", "result": res})
     emit({"event": "end"})
@@ -534,10 +552,12 @@ def worker_main(args) -> int:
 # ------------------------------------------------------------------------------------------
 
 class _Run:
-    """One worker process for one mode, restarted past an op that hangs or crashes it."""
+    """One worker process for one mode and dtype, restarted past an op that hangs or crashes
+    it."""
 
-    def __init__(self, mode, opts, names):
-        self.mode, self.opts, self.names = mode, opts, names
+    def __init__(self, mode, dtype, opts, names):
+        self.mode, self.dtype, self.opts, self.names = mode, dtype, opts, names
+        self.key = run_key(mode, dtype)
         self.results = {}
         self.start = 0
         self.proc = None
@@ -553,6 +573,7 @@ class _Run:
 
     def _spawn(self):
         cmd = [sys.executable, os.path.abspath(__file__), "--_worker", "--mode", self.mode,
+               "--dtype", self.dtype,
                "--max-samples", str(self.opts.max_samples), "--timeout", str(self.opts.timeout),
                "--start", str(self.start), "--every", str(self.opts.every)]
         if self.opts.ops:
@@ -589,7 +610,8 @@ class _Run:
     def _fail_current(self, status, reason):
         idx, name = self.current
         si, desc = self.sample if self.sample else (0, "")
-        self.results[idx] = {"op": name, "index": idx, "mode": self.mode, "status": status,
+        self.results[idx] = {"op": name, "index": idx, "mode": self.mode, "dtype": self.dtype,
+                             "status": status,
                              "reason": f"sample {si}: {reason}", "sample": desc,
                              "tried": si + 1, "random": name in RANDOM_OPS,
                              "seconds": round(time.time() - self.op_t0, 3)}
@@ -664,22 +686,27 @@ def _print_result(r):
     print(f"  [{r['mode']}] {r['op']}: {tag} ({r.get('seconds', 0):.2f}s)", flush=True)
 
 
+def run_key(mode: str, dtype: str) -> str:
+    """The sweep's key of one run: the mode for float32, else "mode/dtype"."""
+    return mode if dtype == "float32" else f"{mode}/{dtype}"
+
+
 def sweep(modes=MODES, ops=None, max_samples=3, timeout=60, every=1, no_poison=False,
-          jobs=None, threads=None, verbose=False):
-    """Runs the sweep; returns {mode: summary dict} (see ``summarize``)."""
+          jobs=None, threads=None, verbose=False, dtypes=("float32",)):
+    """Runs the sweep; returns {run_key(mode, dtype): summary dict} (see ``summarize``)."""
     opts = argparse.Namespace(ops=ops, max_samples=max_samples, timeout=timeout, every=every,
                               no_poison=no_poison, threads=threads, verbose=verbose)
-    names = {i: n for i, n, _ in load_ops(ops, every)}
+    names = {d: {i: n for i, n, _ in load_ops(ops, every, d)} for d in dtypes}
+    pending = [(m, d) for d in dtypes for m in modes]
     jobs = jobs or len(modes)
-    pending = list(modes)
     active = []
     finished = {}
     t0 = {}
     while pending or active:
         while pending and len(active) < jobs:
-            m = pending.pop(0)
-            t0[m] = time.time()
-            r = _Run(m, opts, names)
+            m, d = pending.pop(0)
+            r = _Run(m, d, opts, names[d])
+            t0[r.key] = time.time()
             r.fatal = None
             active.append(r)
         rl, _, _ = select.select(active, [], [], 1.0)
@@ -689,12 +716,13 @@ def sweep(modes=MODES, ops=None, max_samples=3, timeout=60, every=1, no_poison=F
             r.check_timeout()
             if r.done:
                 active.remove(r)
-                finished[r.mode] = summarize(r.mode, names, r.results, time.time() - t0[r.mode],
-                                             r.restarts, r.fatal)
+                finished[r.key] = summarize(r.mode, names[r.dtype], r.results,
+                                            time.time() - t0[r.key], r.restarts, r.fatal,
+                                            r.dtype)
     return finished
 
 
-def summarize(mode, names, results, seconds, restarts=0, fatal=None):
+def summarize(mode, names, results, seconds, restarts=0, fatal=None, dtype="float32"):
     rs = [results[i] for i in sorted(results)]
     tried = [r for r in rs if r["status"] != "skipped"]
     agreed = [r for r in tried if r["status"] == "agree"]
@@ -702,7 +730,8 @@ def summarize(mode, names, results, seconds, restarts=0, fatal=None):
     missing = [names[i] for i in sorted(names) if i not in results]
     pct = 100.0 * len(agreed) / len(tried) if tried else 0.0
     return {
-        "mode": mode, "ops": len(names), "tried": len(tried), "agreed": len(agreed),
+        "mode": mode, "dtype": dtype, "ops": len(names), "tried": len(tried),
+        "agreed": len(agreed),
         "percent": round(pct, 2), "random_shape_only": sum(1 for r in agreed if r.get("random")),
         "random_samples": sorted(r["op"] for r in agreed
                                  if r.get("random_samples") and not r.get("random")),
@@ -716,7 +745,8 @@ def summarize(mode, names, results, seconds, restarts=0, fatal=None):
 
 
 def print_summary(s):
-    print(f"== mode {s['mode']}: {s['agreed']}/{s['tried']} ops agree ({s['percent']:.2f}%), "
+    print(f"== mode {s['mode']}, {s.get('dtype', 'float32')}: {s['agreed']}/{s['tried']} ops "
+          f"agree ({s['percent']:.2f}%), "
           f"{s['random_shape_only']} of them random (shapes/dtypes only); "
           f"{len(s['random_samples'])} more with random samples (shapes/dtypes only there); "
           f"{len(s['skipped'])} skipped (no CPU-runnable sample); {s['seconds']}s; "
@@ -736,6 +766,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("unsharded", "sharded", "both"), default="both")
+    p.add_argument("--dtype", default="float32",
+                   help="the samples' dtype, or a comma-separated list, or 'all' "
+                        f"({', '.join(DTYPES)}; default float32)")
     p.add_argument("--ops", default=None, help="regex (re.search) on OpInfo full names")
     p.add_argument("--every", type=int, default=1, help="only every k-th op (by op_db index)")
     p.add_argument("--max-samples", type=int, default=3, help="samples per op (default 3)")
@@ -756,12 +789,16 @@ def main(argv=None) -> int:
         return worker_main(args)
 
     modes = MODES if args.mode == "both" else (args.mode,)
+    dtypes = DTYPES if args.dtype == "all" else tuple(args.dtype.split(","))
+    for d in dtypes:
+        if d not in DTYPE_TOLERANCES:
+            p.error(f"--dtype {d!r}: expected one of {', '.join(DTYPES)} or 'all'")
     t = time.time()
     res = sweep(modes, args.ops, args.max_samples, args.timeout, args.every, args.no_poison,
-                args.jobs, args.threads, args.verbose)
+                args.jobs, args.threads, args.verbose, dtypes)
     wall = time.time() - t
-    for m in modes:
-        print_summary(res[m])
+    for key in res:
+        print_summary(res[key])
     print(f"total wall time {wall:.1f}s")
     if args.json:
         import torch
@@ -774,7 +811,7 @@ def main(argv=None) -> int:
                        "max_samples": args.max_samples,
                        "every": args.every, "ops_regex": args.ops, "poison": not args.no_poison,
                        "wall_seconds": round(wall, 1), "modes": res}, f, indent=1)
-    if args.min_percent is not None and any(res[m]["percent"] < args.min_percent for m in modes):
+    if args.min_percent is not None and any(r["percent"] < args.min_percent for r in res.values()):
         return 1
     return 0
 

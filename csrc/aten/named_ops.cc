@@ -43,7 +43,14 @@ const Table& NamedOps() {
       // Meta kernels that disagree with the CPU kernel (shape_functions.h).
       // native_batch_norm's CPU kernel also writes running_mean and running_var, arguments 3
       // and 4 (input, weight, bias, running_mean, running_var, training, momentum, eps).
-      {"aten::native_batch_norm", {.shape = NativeBatchNorm, .hidden_writes = {3, 4}}},
+      {"aten::native_batch_norm", {.shape = BatchNorm, .hidden_writes = {3, 4}}},
+      {"aten::_native_batch_norm_legit", {.shape = BatchNorm}},
+      {"aten::_native_batch_norm_legit.no_stats", {.shape = BatchNorm}},
+      {"aten::_native_batch_norm_legit_functional", {.shape = BatchNorm}},
+      {"aten::_batch_norm_with_update", {.shape = BatchNorm}},
+      {"aten::_batch_norm_with_update_functional", {.shape = BatchNorm}},
+      {"aten::_embedding_bag", {.shape = EmbeddingBag}},
+      {"aten::_embedding_bag_forward_only", {.shape = EmbeddingBag}},
       {"aten::native_layer_norm", {.shape = NativeLayerNorm}},
       {"aten::_scaled_dot_product_flash_attention_for_cpu", {.shape = FlashAttentionForCpu}},
       {"aten::_scaled_mm", {.shape = ScaledMm}},

@@ -28,12 +28,69 @@ std::vector<TensorType> MetaTypes(const c10::OperatorHandle& op, const std::vect
 
 }  // namespace
 
-// native_batch_norm: the meta kernel's, except that in eval mode the CPU kernel returns empty
-// save_mean/save_invstd (the meta kernel says [C]).
-std::vector<TensorType> NativeBatchNorm(const c10::OperatorHandle& op,
-                                        const std::vector<c10::IValue>& a) {
+namespace {
+
+// The dtype the CPU batch-norm kernels keep their saved statistics in: float32 for 16-bit
+// input with float32 parameters (their "mixed type"), else the input's (the meta kernels say
+// the op-math dtype, float32 for 16-bit input, whatever the parameters).
+DType BatchNormStatsType(const std::vector<c10::IValue>& a) {
+  for (int i = 1; i <= 4; ++i)  // weight, bias, running_mean, running_var
+    if (a[i].isTensor() && a[i].toTensor().defined())
+      return runtime::FromScalarType(a[i].toTensor().scalar_type());
+  return runtime::FromScalarType(a[0].toTensor().scalar_type());
+}
+
+// Whether the op runs in eval mode (its `training` argument false; none: training).
+bool EvalMode(const c10::OperatorHandle& op, const std::vector<c10::IValue>& a) {
+  const auto& args = op.schema().arguments();
+  for (size_t i = 0; i < args.size() && i < a.size(); ++i)
+    if (args[i].name() == "training") return !a[i].toBool();
+  return false;
+}
+
+}  // namespace
+
+// The batch norms (native_batch_norm, _native_batch_norm_legit, _batch_norm_with_update and
+// their functional forms): the meta kernel's, except that in eval mode the CPU kernel returns
+// empty saved statistics (results 1 and 2; the meta kernel says [C]), their dtype
+// (BatchNormStatsType), and the functional forms' updated running statistics in the dtype of
+// the running statistics given (the meta kernel says float32 for 16-bit ones).
+std::vector<TensorType> BatchNorm(const c10::OperatorHandle& op,
+                                  const std::vector<c10::IValue>& a) {
   std::vector<TensorType> out = MetaTypes(op, a);
-  if (!a[5].toBool()) out[1].shape = out[2].shape = {0};
+  if (EvalMode(op, a)) out[1].shape = out[2].shape = {0};
+  out[1].dtype = out[2].dtype = BatchNormStatsType(a);
+  const auto& returns = op.schema().returns();
+  for (size_t r = 3; r < returns.size() && r < out.size(); ++r) {
+    const int given = returns[r].name() == "running_mean_out" ? 3
+                      : returns[r].name() == "running_var_out" ? 4 : -1;
+    if (given >= 0 && a[given].isTensor() && a[given].toTensor().defined())
+      out[r].dtype = runtime::FromScalarType(a[given].toTensor().scalar_type());
+  }
+  return out;
+}
+
+// _embedding_bag and _embedding_bag_forward_only (weight, indices, offsets, scale_grad_by_freq,
+// mode, sparse, per_sample_weights, include_last_offset, padding_idx): the CPU kernel skips
+// offset2bag (empty) in its fast path (mode sum, a float/half/bfloat16 weight with unit row
+// stride, no padding_idx), sizes bag_size by the bags (not the offsets) outside mode sum, and
+// returns max_indices shaped as bag_size outside mode max; the meta kernel says otherwise.
+std::vector<TensorType> EmbeddingBag(const c10::OperatorHandle& op,
+                                     const std::vector<c10::IValue>& a) {
+  std::vector<TensorType> out = MetaTypes(op, a);
+  const at::Tensor& weight = a[0].toTensor();
+  const int64_t mode = a[4].toInt();
+  const bool last_offset = a[7].toBool();
+  const int64_t padding_idx = a.size() > 8 && a[8].isInt() ? a[8].toInt() : -1;
+  const at::ScalarType w = weight.scalar_type();
+  const at::Tensor psw = a[6].isTensor() ? a[6].toTensor() : at::Tensor();
+  const bool fast = (w == at::kFloat || w == at::kHalf || w == at::kBFloat16) &&
+                    weight.dim() == 2 && weight.stride(1) == 1 && padding_idx < 0 &&
+                    (!psw.defined() || psw.stride(0) == 1);
+  constexpr int64_t kSum = 0, kMax = 2;
+  if (mode == kSum && fast) out[1].shape = {0};
+  if (last_offset && mode != kSum) out[2].shape = {a[2].toTensor().size(0) - 1};
+  if (mode != kMax) out[3] = TensorType{out[3].dtype, out[2].shape};
   return out;
 }
 

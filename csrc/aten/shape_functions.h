@@ -6,8 +6,10 @@
 
 namespace spmd::aten {
 
-std::vector<TensorType> NativeBatchNorm(const c10::OperatorHandle& op,
-                                        const std::vector<c10::IValue>& meta_args);
+std::vector<TensorType> BatchNorm(const c10::OperatorHandle& op,
+                                  const std::vector<c10::IValue>& meta_args);
+std::vector<TensorType> EmbeddingBag(const c10::OperatorHandle& op,
+                                     const std::vector<c10::IValue>& meta_args);
 std::vector<TensorType> NativeLayerNorm(const c10::OperatorHandle& op,
                                         const std::vector<c10::IValue>& meta_args);
 std::vector<TensorType> FlashAttentionForCpu(const c10::OperatorHandle& op,
