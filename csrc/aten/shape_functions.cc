@@ -73,8 +73,9 @@ std::vector<TensorType> BatchNorm(const c10::OperatorHandle& op,
 // _embedding_bag and _embedding_bag_forward_only (weight, indices, offsets, scale_grad_by_freq,
 // mode, sparse, per_sample_weights, include_last_offset, padding_idx): the CPU kernel skips
 // offset2bag (empty) in its fast path (mode sum, a float/half/bfloat16 weight with unit row
-// stride, no padding_idx), sizes bag_size by the bags (not the offsets) outside mode sum, and
-// returns max_indices shaped as bag_size outside mode max; the meta kernel says otherwise.
+// stride, no padding_idx), sizes bag_size by the bags, not the offsets (with
+// include_last_offset; _embedding_bag_forward_only in mode sum keeps the offsets'), and returns
+// max_indices shaped as bag_size outside mode max; the meta kernel says otherwise.
 std::vector<TensorType> EmbeddingBag(const c10::OperatorHandle& op,
                                      const std::vector<c10::IValue>& a) {
   std::vector<TensorType> out = MetaTypes(op, a);
@@ -89,7 +90,9 @@ std::vector<TensorType> EmbeddingBag(const c10::OperatorHandle& op,
                     (!psw.defined() || psw.stride(0) == 1);
   constexpr int64_t kSum = 0, kMax = 2;
   if (mode == kSum && fast) out[1].shape = {0};
-  if (last_offset && mode != kSum) out[2].shape = {a[2].toTensor().size(0) - 1};
+  const bool forward_only = op.schema().name() == "aten::_embedding_bag_forward_only";
+  if (last_offset && !(forward_only && mode == kSum))
+    out[2].shape = {a[2].toTensor().size(0) - 1};
   if (mode != kMax) out[3] = TensorType{out[3].dtype, out[2].shape};
   return out;
 }

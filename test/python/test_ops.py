@@ -375,6 +375,43 @@ C("batch_norm_eval", "native_batch_norm", _batch_norm_eval,
   lambda r: (r.g(4, 3, 2, 2), r.g(3), r.g(3), r(3), r(3, low=0.5, high=2.0)))
 C("batch_norm_1d_train", "native_batch_norm", _batch_norm_train,
   lambda r: (r.g(6, 3), r.g(3), r.g(3), r(3), r(3, low=0.5, high=2.0)), grad_atol=1e-4)
+
+
+def _batch_norm_16bit(training, params_dtype):
+    """Batch norm of bf16 input with params in `params_dtype`: the output and the updated
+    running statistics (the CPU kernel keeps its statistics in the parameters' dtype)."""
+    def fn(x, w, b, rm, rv):
+        rm, rv = rm.to(params_dtype), rv.to(params_dtype)
+        out = F.batch_norm(x.to(bf16), rm, rv, w.to(params_dtype), b.to(params_dtype),
+                           training=training, momentum=0.2)
+        return out, rm, rv
+    return fn
+
+
+for _training in (True, False):
+    for _params in (bf16, f32):
+        C(f"batch_norm_bf16_{'train' if _training else 'eval'}_{str(_params)[6:]}_params",
+          "native_batch_norm", _batch_norm_16bit(_training, _params),
+          lambda r: (r(4, 3, 2, 2), r(3), r(3), r(3), r(3, low=0.5, high=2.0)),
+          rtol=1.6e-2, atol=1e-2)
+
+
+def _embedding_bag(mode, weights=False, last_offset=False):
+    def fn(w, psw):
+        idx = torch.tensor([1, 2, 4, 5, 4], device=w.device)
+        offsets = torch.tensor([0, 3, 5] if last_offset else [0, 3], device=w.device)
+        return F.embedding_bag(idx, w, offsets, mode=mode, include_last_offset=last_offset,
+                               per_sample_weights=psw if weights else None)
+    return fn
+
+
+# The CPU kernel's auxiliary results (offset2bag, bag_size, max_indices) depend on the mode,
+# the dtype and include_last_offset; the backward reads them.
+for _mode, _weights, _last in (("sum", True, False), ("sum", False, True), ("mean", False, False),
+                               ("mean", False, True), ("max", False, False)):
+    C(f"embedding_bag_{_mode}{'_weights' if _weights else ''}{'_last_offset' if _last else ''}",
+      "_embedding_bag", _embedding_bag(_mode, _weights, _last),
+      lambda r: (r.g(6, 3), r.g(5)))
 C("group_norm", "native_group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
   lambda r: (r.g(2, 4, 3, 3), r.g(4), r.g(4)), grad_atol=1e-4)
 C("embedding", "embedding", lambda w, i: F.embedding(i, w),
