@@ -45,7 +45,7 @@ _RANDOM = os.environ.get("SPMD_PROPERTY_RANDOM", "0") not in ("", "0")
 
 def _settings(n):
     return settings(max_examples=max(n, 1), deadline=None, derandomize=not _RANDOM, database=None,
-                    suppress_health_check=list(HealthCheck), print_blob=False)
+                    suppress_health_check=list(HealthCheck), print_blob=_RANDOM)
 
 
 @pytest.fixture(scope="module", autouse=True)
