@@ -14,7 +14,10 @@ decay, Adam or AdamW with amsgrad; foreach or not) and a list of actions run in 
 - ``["save", fmt]`` / ``["load"]``: a checkpoint of the model and optimizer (``fmt``: ``"dcp"``,
   torch_spmd's ``save_dcp``, or ``"sharded"``, its own format), and restoring the latest one
   (on CPU: deep copies of the state dicts);
+- ``["resume"]``: a fresh optimizer restored from the latest checkpoint (a restarted job);
 - ``["reshard", p, spec]``: parameter ``p`` laid out anew between steps;
+- ``["scale", p, factor]``: parameter ``p`` multiplied in place under ``no_grad``;
+- ``["freeze", p, frozen]``: ``requires_grad_(not frozen)`` on parameter ``p``;
 - ``["sync"]``: ``mark_step()`` with nothing else.
 
 ``replay(session)`` runs it on both sides in lockstep and raises AssertionError at the first
@@ -81,9 +84,15 @@ def draw_session(rng: random.Random, max_actions: int = 10) -> dict:
         elif r < 0.68:
             actions.append(["save", rng.choice(["dcp", "sharded"])])
             saved = True
-        elif r < 0.78 and saved:
+        elif r < 0.74 and saved:
             actions.append(["load"])
-        elif r < 0.93:
+        elif r < 0.78 and saved:
+            actions.append(["resume"])
+        elif r < 0.81:
+            actions.append(["scale", rng.randrange(3), rng.choice([0.5, 0.9, -1.0])])
+        elif r < 0.84:
+            actions.append(["freeze", rng.randrange(3), rng.random() < 0.6])
+        elif r < 0.95:
             p = rng.randrange(3)
             actions.append(["reshard", p, _spec(rng, axes, len(param_shapes(s)[p]))])
         else:
@@ -103,16 +112,18 @@ class _Side:
         for i, shape in enumerate(param_shapes(s)):
             init = torch.randn(*shape, generator=g, dtype=torch.float64) * 0.5
             self.params.append(self._place(init, s["specs"][i]).requires_grad_())
-        o = s["optimizer"]
-        if o["kind"] == "sgd":
-            self.opt = torch.optim.SGD(self.params, lr=o["lr"], momentum=o["momentum"],
-                                       weight_decay=o["weight_decay"], foreach=o["foreach"])
-        else:
-            cls = torch.optim.Adam if o["kind"] == "adam" else torch.optim.AdamW
-            self.opt = cls(self.params, lr=o["lr"], weight_decay=o["weight_decay"],
-                           amsgrad=o["amsgrad"], foreach=o["foreach"])
+        self.opt = self._optimizer()
         self.saved: Any = None
         self.batches = 0
+
+    def _optimizer(self):
+        o, torch = self.s["optimizer"], self.torch
+        if o["kind"] == "sgd":
+            return torch.optim.SGD(self.params, lr=o["lr"], momentum=o["momentum"],
+                                   weight_decay=o["weight_decay"], foreach=o["foreach"])
+        cls = torch.optim.Adam if o["kind"] == "adam" else torch.optim.AdamW
+        return cls(self.params, lr=o["lr"], weight_decay=o["weight_decay"],
+                   amsgrad=o["amsgrad"], foreach=o["foreach"])
 
     # -- layouts
     def _mesh(self):
@@ -142,7 +153,8 @@ class _Side:
             y = torch.randn(self.s["batch"], self.s["d_out"], generator=g, dtype=torch.float64)
         else:
             y = torch.randint(0, self.s["d_out"], (self.s["batch"],), generator=g)
-        return self._place(x, self.s["batch_spec"]), self._place(y, None)
+        return (self._place(x, self.s["batch_spec"]),
+                self._place(y, self.s["batch_spec"][:y.dim()]))
 
     def _loss(self, x, y):
         w1, b1, w2 = self.params
@@ -193,6 +205,32 @@ class _Side:
         (ckpt.load_dcp if fmt == "dcp" else ckpt.load_sharded)(sd, path)
         self.opt.load_state_dict(sd["optim"])
         self._sync()
+
+    def resume(self):
+        """A fresh optimizer restored from the latest checkpoint, as a restarted job does
+        (the device primes it first, which leaves no gradients; every parameter has state
+        once a step ran, so all are primed, frozen ones too, as prime_optimizer says)."""
+        self.opt = self._optimizer()
+        if self.device:
+            from torch_spmd.distributed.checkpoint import prime_optimizer
+            frozen = [not p.requires_grad for p in self.params]
+            for p in self.params:
+                p.requires_grad_(True)
+            prime_optimizer(self.opt)
+            for p, f in zip(self.params, frozen):
+                p.requires_grad_(not f)
+        else:
+            for p in self.params:
+                p.grad = None
+        self.load()
+
+    def scale(self, p: int, factor: float):
+        with self.torch.no_grad():
+            self.params[p].mul_(factor)
+        self._sync()
+
+    def freeze(self, p: int, frozen: bool):
+        self.params[p].requires_grad_(not frozen)
 
     def _state(self) -> dict:
         return {"model": {f"p{i}": p for i, p in enumerate(self.params)},
@@ -318,7 +356,7 @@ def _valid(s: dict) -> bool:
             if not stepped:
                 return False
             saved = True
-        elif a[0] == "load" and not saved:
+        elif a[0] in ("load", "resume") and not saved:
             return False
     return True
 

@@ -15,6 +15,10 @@ def prime_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
     **Destructive**: the step may change parameters (weight decay) and the state; call it only
     right before loading a checkpoint that overwrites both.
+
+    Parameters that do not require grad get no state (as torch.distributed.checkpoint's own
+    initialisation), so a checkpoint's state for a parameter frozen after it was trained is not
+    loaded into it: set ``requires_grad_(True)`` on such parameters while priming, and back.
     """
     xm.mark_step()  # parameters backed by device data, their shardings known
     for group in optimizer.param_groups:
