@@ -14,6 +14,7 @@
 #include "runtime/collectives.h"
 #include "runtime/process_group_collectives.h"
 #include "runtime/process_span.h"
+#include "runtime/world_health.h"
 
 namespace py = pybind11;
 
@@ -105,6 +106,29 @@ void BindReplica(py::module_& m) {
       "Multi-process SPMD: this process (rank of `world`) owns `local_devices` of the global "
       "devices (runtime/process_span.h).");
   m.def("_clear_process_span", [] { runtime::ProcessSpan::Set(nullptr); });
+  m.def(
+      "_start_world_health",
+      [](const py::object& store, int rank, int count, double heartbeat_seconds) {
+        c10::intrusive_ptr<c10d::Store> s;
+        try {
+          s = store.cast<c10::intrusive_ptr<c10d::Store>>();
+        } catch (const py::cast_error&) {
+          throw std::invalid_argument("expected a torch.distributed Store, got " +
+                                      py::repr(store).cast<std::string>());
+        }
+        if (!(heartbeat_seconds > 0))
+          throw std::invalid_argument("the heartbeat interval must be > 0 seconds, got " +
+                                      std::to_string(heartbeat_seconds));
+        runtime::WorldHealth::Start(std::move(s), rank, count, heartbeat_seconds);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("count"), py::arg("heartbeat_seconds"),
+      "Multi-process SPMD: watches the world's processes over `store` and aborts every "
+      "exchange when one fails or falls silent (runtime/world_health.h).");
+  m.def("_stop_world_health", [] {
+    py::gil_scoped_release release;
+    runtime::WorldHealth::Stop();
+  });
+  m.def("_world_aborted", [] { return runtime::WorldHealth::Aborted(); });
   m.def("_process_span", []() -> py::object {
     auto span = runtime::ProcessSpan::Current();
     if (!span) return py::none();

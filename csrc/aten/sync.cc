@@ -12,7 +12,9 @@
 #include "core/metrics.h"
 #include "ir/internal_ops.h"
 #include "partition/rules/rule.h"
+#include "runtime/error_message.h"
 #include "runtime/plan_mode.h"
+#include "runtime/world_health.h"
 
 namespace spmd::aten {
 
@@ -206,7 +208,14 @@ void SyncSlots(const std::vector<SlotPtr>& requested) {
   std::vector<runtime::DeviceDataPtr> results;
   {
     ScopedTimer timer("ExecuteTime");
-    results = exe->Run(params, graph.scalars, donated);
+    try {
+      results = exe->Run(params, graph.scalars, donated);
+    } catch (const std::exception& e) {
+      // The other processes of a multi-process world would wait for this one: they abort.
+      if (!runtime::WorldHealth::Aborted())
+        runtime::WorldHealth::PostFailure(runtime::UserMessage(e));
+      throw;
+    }
   }
   Count("ExecuteGraph");
   for (const auto& [op, count] : program.stats.replicated_fallback_ops) Count("ReplicatedFallback", count);

@@ -10,6 +10,7 @@
 #include "runtime/error_message.h"
 #include "runtime/process_span.h"
 #include "runtime/tile_ops.h"
+#include "runtime/world_health.h"
 
 namespace spmd::runtime {
 
@@ -50,13 +51,9 @@ c10d::ReduceOp ToC10d(ReduceOp op) {
   SPMD_FAIL("unknown ReduceOp ", static_cast<int>(op));
 }
 
+// (World failures: runtime/world_health.h.)
 void Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
-  try {
-    work->wait();
-  } catch (const std::exception& e) {
-    // A peer that died or timed out: name the collective, keep gloo's reason.
-    SPMD_FAIL(what, " across processes failed: ", UserMessage(e));
-  }
+  WorldHealth::Wait(work, what);
 }
 
 // ProcessGroup's all-to-all of one tensor: all_to_all_single where torch has it (alltoall_base

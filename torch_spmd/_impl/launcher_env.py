@@ -39,3 +39,20 @@ def env_init_method() -> str:
 
 def timeout_seconds() -> float:
     return float(os.environ.get(TIMEOUT_ENV, _DEFAULT_TIMEOUT))
+
+
+# Seconds without a heartbeat after which a process of a multi-process SPMD world is taken for
+# stopped or hung, and the world aborted (runtime/world_health.h).
+HEARTBEAT_ENV = "SPMD_HEARTBEAT_SECONDS"
+_DEFAULT_HEARTBEAT = 30.0
+
+
+def heartbeat_seconds() -> float:
+    raw = os.environ.get(HEARTBEAT_ENV, "")
+    try:
+        value = float(raw) if raw else _DEFAULT_HEARTBEAT
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{HEARTBEAT_ENV}={raw!r}: expected a number of seconds > 0")
+    return value

@@ -10,6 +10,7 @@ collectives whose groups span processes run over torch.distributed's gloo defaul
 A process joins with ``torch_spmd.distributed.init_spmd_processes()`` or, when a launcher
 (torchrun, ``spawn_spmd``) started it with ``WORLD_SIZE > 1``, with ``xr.use_spmd()``.
 """
+import atexit
 import datetime
 import os
 from typing import Optional
@@ -114,7 +115,24 @@ def _join(count: int) -> None:
     if _C._num_devices() != local or memory != settings["SPMD_DEVICE_MEMORY"]:
         configure_devices(local, settings["SPMD_DEVICE_MEMORY"])
     _C._install_process_span(dist.distributed_c10d._get_default_group(), local)
+    # Every process watches the others from now on: a failed step or a silent process aborts
+    # every exchange instead of leaving it waiting (runtime/world_health.h).
+    _C._start_world_health(dist.distributed_c10d._get_default_store(), dist.get_rank(), count,
+                           _dist_env.heartbeat_seconds())
+    atexit.register(_leave_at_exit)
     _share_cores()
+
+
+def _leave_at_exit() -> None:
+    """Leaves the world's health watch at exit; after an abort, exits at once: the process
+    group's teardown would wait for an exchange that a stopped process never completes."""
+    aborted = _C._world_aborted() is not None
+    _C._stop_world_health()
+    if aborted:
+        import sys
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _share_cores() -> None:
@@ -137,9 +155,11 @@ def shutdown(barrier: bool = True) -> None:
     if not is_active():
         return
     try:
-        if barrier and dist.is_initialized():
+        # (An aborted world's barrier could wait for a stopped process.)
+        if barrier and dist.is_initialized() and _C._world_aborted() is None:
             dist.barrier()
     finally:
+        _C._stop_world_health()
         _C._clear_process_span()
         if _owns_group and dist.is_initialized():
             dist.destroy_process_group()  # (a group the script made stays the script's)

@@ -143,10 +143,17 @@ def save_dcp(state_dict: Any, path: str, *, thread_count: int = 1) -> None:
 
     The result loads with ``torch.distributed.checkpoint.load`` alone into CPU tensors, or with
     ``load_dcp`` / ``SPMDLoadPlanner`` into spmd tensors under any mesh and partition spec.
-    Errors are the planner's own (ValueError/RuntimeError), not DCP's CheckpointException.
+    Errors are the planner's own (ValueError/RuntimeError), not DCP's CheckpointException; an
+    OSError (a full disk) names ``path``.
     """
-    if _process_count() > 1:
-        return _save_dcp_across_processes(state_dict, path, thread_count)
+    with _storage.naming_the_checkpoint(path):
+        if _process_count() > 1:
+            return _save_dcp_across_processes(state_dict, path, thread_count)
+        _save_dcp_here(state_dict, path, thread_count)
+
+
+def _save_dcp_here(state_dict: Any, path: str, thread_count: int) -> None:
+    """save_dcp with every device in this process."""
     parent = _split(path)[0]
     os.makedirs(parent, exist_ok=True)
     recover(path)

@@ -11,6 +11,7 @@ the next successful save.
 
 Single writer per directory: concurrent saves into the same directory are not supported.
 """
+import contextlib
 import json
 import os
 import tempfile
@@ -24,6 +25,18 @@ FORMAT = "torch_spmd.sharded_checkpoint"
 VERSION = 1
 _DATA_PREFIX, _DATA_SUFFIX = "data-", ".pt"
 _TMP_SUFFIX = ".tmp"
+
+
+@contextlib.contextmanager
+def naming_the_checkpoint(path: str):
+    """An OSError while saving into ``path`` (a full disk, a file-size limit, permissions)
+    re-raised naming the checkpoint, and that the one previously there is intact (what a save
+    writes is only moved into place at its end)."""
+    try:
+        yield
+    except OSError as e:
+        raise type(e)(e.errno, f"saving the checkpoint {path!r} failed: {e.strerror or e}; the "
+                      "checkpoint previously there, if any, is intact", e.filename) from e
 
 
 def fsync_dir(path: str) -> None:

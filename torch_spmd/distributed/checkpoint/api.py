@@ -40,7 +40,8 @@ def save_sharded(state_dict: Any, path: str) -> None:
     Unsharded tensors are saved whole; other values are pickled. The save is atomic: if it is
     interrupted, the checkpoint previously in ``path`` (if any) stays intact and loadable.
     """
-    write_snapshot(capture(state_dict), path)
+    with _storage.naming_the_checkpoint(path):
+        write_snapshot(capture(state_dict), path)
 
 
 def _unwrap(x: Any) -> Any:
