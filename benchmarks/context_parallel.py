@@ -113,8 +113,11 @@ def table(title: str, rows: dict) -> str:
 NOTES = """How to read it: at 32k tokens the gathered layout holds every device's whole keys and
 values (and, backward, their gradients' partial sums) and runs the causal rows of its tile in
 sequence order, so the last device, whose rows see nearly every key, sets the pace. The ring
-holds two key/value tiles (the one in use and the one arriving), its permutes hide behind the
-blocks, and its load-balanced order gives every device half a block per step. The all-to-all
+holds two key/value tiles (the one in use and the one arriving: a quarter of the gathered
+layout's keys and values), its permutes hide behind the blocks, and its load-balanced order
+gives every device half a block per step; its queries' two halves run as two kernels, the
+own half read in place, and the gradients' running sums are kept in fp32 as PyTorch's ring
+attention keeps them (the peak's largest part after the inputs, outputs and tiles). The all-to-all
 moves each of q, k, v and the output once (and the gradients back); it needs the kv heads to
 split over the axis. Ratios are of the rows above, in one run. A prediction of the model, not a
 measurement."""
