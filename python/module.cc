@@ -227,6 +227,13 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_RuntimeError, UserMessage(e));
     }
   });
+  // The graph lock lets go of the GIL while it waits (aten/lazy_tensor.h: GraphLock).
+  spmd::aten::SetGilHooks(
+      []() -> void* {
+        if (!Py_IsInitialized() || !PyGILState_Check()) return nullptr;
+        return PyEval_SaveThread();
+      },
+      [](void* state) { PyEval_RestoreThread(static_cast<PyThreadState*>(state)); });
   spmd::BindMetrics(m);
   spmd::BindDevices(m);
   spmd::BindGraph(m);

@@ -88,7 +88,7 @@ void BindSharding(py::module_& m) {
   // keeps through in-place updates, unlike the one its current data happens to have (which,
   // for a tensor nobody annotated, is whatever the last step produced).
   m.def("_annotated_sharding", [](const at::Tensor& t) {
-    std::lock_guard<std::recursive_mutex> lock(aten::GraphMutex());
+    std::lock_guard<aten::GraphLock> lock(aten::GraphMutex());
     const Sharding& s = aten::GetLazyImpl(t, "_annotated_sharding")->slot()->annotation;
     return s.valid() ? s.ToNamedString() : std::string();
   });

@@ -30,14 +30,14 @@ struct KeepingRefs {
 void BindGraphTemplates(py::module_& m) {
   py::class_<KeptValues>(m, "_KeptValues")
       .def(py::init([](const std::vector<at::Tensor>& tensors) {
-             std::lock_guard<std::recursive_mutex> lock(aten::GraphMutex());
+             std::lock_guard<aten::GraphLock> lock(aten::GraphMutex());
              KeptValues kept;
              for (const at::Tensor& t : tensors)
                kept.values.push_back(aten::GetLazyImpl(t, "a kept value")->slot()->value);
              return kept;
            }), "The current values of spmd tensors.")
       .def("tensors", [](const KeptValues& kept) {
-             std::lock_guard<std::recursive_mutex> lock(aten::GraphMutex());
+             std::lock_guard<aten::GraphLock> lock(aten::GraphMutex());
              std::vector<at::Tensor> out;
              for (const ir::Value& v : kept.values) out.push_back(aten::MakeFunctionalLazyTensor(v));
              return out;

@@ -18,18 +18,18 @@ std::vector<ir::Value> PendingValues(const std::vector<at::Tensor>& tensors) {
 }  // namespace
 
 Hash PendingGraphHash(const std::vector<at::Tensor>& tensors) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return HashCombine(ir::BuildGraph(PendingValues(tensors)).key,
                      AutoShardingKey());
 }
 
 std::string PendingGraphText(const std::vector<at::Tensor>& tensors) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return ir::GraphToText(ir::BuildGraph(PendingValues(tensors)));
 }
 
 std::vector<at::Tensor> PendingGraphParameters(const std::vector<at::Tensor>& tensors) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   std::vector<at::Tensor> params;
   for (const ir::NodePtr& param : ir::BuildGraph(PendingValues(tensors)).params)
     params.push_back(MakeLazyTensor(ir::Value{param, 0}));
@@ -37,7 +37,7 @@ std::vector<at::Tensor> PendingGraphParameters(const std::vector<at::Tensor>& te
 }
 
 int PendingGraphParameterIndex(const std::vector<at::Tensor>& params, const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   auto data_of = [](const at::Tensor& x) -> const ir::DataHandle* {
     return GetLazyImpl(x, "a graph parameter")->slot()->value.node->data().get();
   };
@@ -49,7 +49,7 @@ int PendingGraphParameterIndex(const std::vector<at::Tensor>& params, const at::
 }
 
 std::string PartitionedProgramText(const std::vector<at::Tensor>& tensors) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return partition::PartitionGraph(ir::BuildGraph(PendingValues(tensors)),
                                    runtime::GlobalDeviceCount(), Options())
       .ToText();

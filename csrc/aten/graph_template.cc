@@ -41,7 +41,7 @@ TemplateCapture::TemplateCapture(std::vector<at::Tensor> inputs)
     : inputs_(std::move(inputs)),
       first_node_id_(ir::NextNodeId()),
       host_work_before_(g_host_work.load(std::memory_order_relaxed)) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   for (const at::Tensor& t : inputs_) {
     const SlotPtr& slot = GetLazyImpl(t, "a replayed input")->slot();
     before_.push_back(slot->value);
@@ -145,7 +145,7 @@ std::shared_ptr<GraphTemplate> TemplateCapture::Finish(const std::vector<at::Ten
   SPMD_CHECK(!finished_, "TemplateCapture::Finish called twice");
   finished_ = true;
   --t_open_captures;
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   if (g_host_work.load(std::memory_order_relaxed) != host_work_before_) {
     *why_not = "the region ran work on the host (an eager fallback, a sync or a read)";
     return nullptr;
@@ -267,7 +267,7 @@ std::optional<std::vector<at::Tensor>> GraphTemplate::Instantiate(
 
 std::optional<std::vector<at::Tensor>> GraphTemplate::InstantiateAfter(
     const Values& leading, const std::vector<at::Tensor>& inputs) const {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   std::optional<Values> values = InputValues(leading, inputs);
   if (!values) return std::nullopt;
   Values made = Build(*values, leading.size(), inputs);
@@ -281,7 +281,7 @@ std::optional<std::pair<std::vector<at::Tensor>, GraphTemplate::Values>>
 GraphTemplate::InstantiateKeeping(const std::vector<at::Tensor>& inputs,
                                   const std::vector<int>& returned,
                                   const std::vector<std::pair<KeptFrom, int>>& kept) const {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   auto valid = [](int i, size_t n) { return i >= 0 && static_cast<size_t>(i) < n; };
   for (int k : returned)
     if (!valid(k, outputs_.size())) return std::nullopt;

@@ -26,14 +26,14 @@ int64_t IdOf(const ir::NodePtr& param) { return reinterpret_cast<int64_t>(param-
 }  // namespace
 
 int64_t DataId(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const ir::Value& v = GetLazyImpl(t, "data_id")->slot()->value;
   TORCH_CHECK(v.node->is_data(), "data_id: the tensor is pending; run mark_step() first");
   return IdOf(v.node);
 }
 
 std::unordered_map<int64_t, std::vector<int>> PendingDimClasses() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   std::unordered_map<int64_t, std::vector<int>> out;
   std::optional<ir::Graph> graph = PendingGraph();
   if (!graph) return out;
@@ -46,7 +46,7 @@ plan::LayoutCosts PendingLayoutCosts(const std::vector<int64_t>& mesh_shape,
                                           plan::LayoutProblem problem,
                                           const std::unordered_map<int64_t, int>& storage_of_data,
                                           const plan::Hardware& hw) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   std::optional<ir::Graph> graph = PendingGraph();
   TORCH_CHECK(graph, "layout costs: nothing is pending; record the step first");
   problem.storage_of_param.clear();

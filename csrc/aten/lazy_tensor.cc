@@ -41,8 +41,25 @@ SlotRegistry& Registry() {
 
 }  // namespace
 
-std::recursive_mutex& GraphMutex() {
-  static auto* mu = new std::recursive_mutex();
+namespace {
+void* (*g_release_gil)() = nullptr;
+void (*g_restore_gil)(void*) = nullptr;
+}  // namespace
+
+void SetGilHooks(void* (*release)(), void (*restore)(void*)) {
+  g_release_gil = release;
+  g_restore_gil = restore;
+}
+
+void GraphLock::lock() {
+  if (mutex_.try_lock()) return;
+  void* gil = g_release_gil ? g_release_gil() : nullptr;
+  mutex_.lock();
+  if (gil) g_restore_gil(gil);
+}
+
+GraphLock& GraphMutex() {
+  static auto* mu = new GraphLock();
   return *mu;
 }
 

@@ -40,8 +40,23 @@ class LazyImpl final : public c10::TensorImpl {
 };
 
 // The lock every graph mutation and sync takes: autograd records backward ops on its own
-// thread. Recursive, since an eager fallback syncs from inside an op.
-std::recursive_mutex& GraphMutex();
+// thread. Recursive, since an eager fallback syncs from inside an op. Waiting for it never
+// holds Python's GIL (SetGilHooks): its holder may need the GIL (an op releasing a tensor
+// that has a Python object, under torch's bindings, which run ops without the GIL), and a
+// Python thread that waited with the GIL (a binding such as mark_sharding) would deadlock it.
+class GraphLock {
+ public:
+  void lock();
+  void unlock() { mutex_.unlock(); }
+  bool try_lock() { return mutex_.try_lock(); }
+
+ private:
+  std::recursive_mutex mutex_;
+};
+GraphLock& GraphMutex();
+// How GraphLock lets go of the GIL while it waits (set by the Python module): `release`
+// returns what `restore` needs to take it back, nullptr when this thread did not hold it.
+void SetGilHooks(void* (*release)(), void (*restore)(void*));
 
 // The spmd device (privateuseone:0).
 c10::Device SpmdDevice();

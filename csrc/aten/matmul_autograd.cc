@@ -36,7 +36,7 @@ class BatchedMatmul : public torch::autograd::Function<BatchedMatmul> {
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::matmul", "");
     torch::jit::Stack stack{inner(a), inner(b)};
     {
-      std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+      std::lock_guard<GraphLock> lock(GraphMutex());
       RecordOp(GetOpPlan(op), &stack);
     }
     at::Tensor out = stack.back().toTensor();

@@ -9,7 +9,7 @@
 namespace spmd::aten {
 
 at::Tensor Offload(const at::Tensor& t, bool to_host) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const ir::Value& in = GetLazyImpl(t, "torch_spmd.memory.offload")->slot()->value;
   ir::NodePtr node = ir::MakeNode(ir::InternalOps::Get().offload, {in},
                                   {ir::Arg::Tensor(0), ir::Arg::Int(to_host ? 1 : 0)},

@@ -111,7 +111,7 @@ void LazyFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // torch_spmd/_torch_patches/autograd_exit.py).
   if (std::this_thread::get_id() != g_import_thread)
     g_recorded_off_main.store(true, std::memory_order_relaxed);
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   OpPlan& plan = GetOpPlan(op);
   if (plan.special) return plan.special(plan, stack);
   if (plan.eager_only) return RunEager(plan, stack);

@@ -8,7 +8,7 @@ namespace spmd::aten {
 
 void ReplaceData(const at::Tensor& dst, const at::Tensor& src) {
   namespace fn = at::functionalization::impl;
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   GetLazyImpl(dst, "the tensor whose data is replaced");
   at::Tensor value = MakeLazyTensor(GetLazyImpl(src, "the new data")->slot()->value);
   c10::TensorImpl* impl = dst.unsafeGetTensorImpl();

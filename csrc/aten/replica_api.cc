@@ -20,7 +20,7 @@ const ir::Value& ValueOf(const at::Tensor& t, const char* what) {
 // Records `op` on one input with `attrs` (schema order, after the tensor) and wraps its result.
 at::Tensor RecordSingle(const ir::OpInfo* op, const at::Tensor& t, std::vector<ir::Arg> attrs,
                         const ReplicaGroups& groups) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const ir::Value& in = ValueOf(t, op->qualified.c_str());
   std::vector<ir::Arg> args{ir::Arg::Tensor(0)};
   args.insert(args.end(), attrs.begin(), attrs.end());
@@ -36,7 +36,7 @@ at::Tensor RecordSingle(const ir::OpInfo* op, const at::Tensor& t, std::vector<i
 std::vector<at::Tensor> ReplicaAllReduce(const std::vector<at::Tensor>& inputs, ReduceOp op,
                                          double scale, const ReplicaGroups& groups) {
   if (inputs.empty()) return {};
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   std::vector<ir::Value> values;
   std::vector<int64_t> indices;
   std::vector<TensorType> types;
@@ -78,7 +78,7 @@ at::Tensor ReplicaAllToAll(const at::Tensor& t, int64_t split_dim, int64_t conca
 
 void AssignValue(const at::Tensor& dst, const at::Tensor& src) {
   namespace fn = at::functionalization::impl;
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const ir::Value& value = ValueOf(src, "the value to assign");
   const TensorType& have = ValueOf(dst, "the tensor to update in place").type();
   TORCH_CHECK(have == value.type(), "cannot update a ", have.ToString(), " tensor in place with a ",

@@ -67,7 +67,7 @@ MeshPtr InternMesh(std::vector<int64_t> device_ids, std::vector<int64_t> shape,
 }
 
 void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const SlotPtr& slot = Annotate(t, sharding, "mark_sharding");
   if (slot->value.node->is_data()) {
     runtime::DeviceDataPtr data = DataOf(slot->value);
@@ -84,13 +84,13 @@ void MarkSharding(const at::Tensor& t, const Sharding& sharding) {
 }
 
 void ConstrainSharding(const at::Tensor& t, const Sharding& sharding) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   Constrain(Annotate(t, sharding, "annotate_custom_sharding"), sharding);
 }
 
 void CarryAnnotation(const SlotPtr& previous, const at::Tensor& updated) {
   if (!previous || !previous->annotation.valid()) return;
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = TryGetLazyImpl(updated);
   if (!impl || impl->slot() == previous || impl->slot()->annotation.valid()) return;
   const SlotPtr& slot = impl->slot();
@@ -121,7 +121,7 @@ void CommitInPlace(const at::Tensor& t, const at::Tensor& value, SlotPtr previou
 }
 
 void ClearSharding(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "clear_sharding");
   const SlotPtr& slot = impl->slot();
   slot->annotation = Sharding();
@@ -141,13 +141,13 @@ void ClearSharding(const at::Tensor& t) {
 }
 
 bool HeldOnHost(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const ir::Value& v = GetLazyImpl(t)->slot()->value;
   return v.node->is_data() && DataOf(v)->held_on_host();
 }
 
 Sharding GetSharding(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t);
   const ir::Value& v = impl->slot()->value;
   if (v.node->is_data()) return DataOf(v)->sharding();
@@ -166,7 +166,7 @@ std::string GetShardingSpec(const at::Tensor& t) {
 }
 
 at::Tensor FullToShard(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "_spmd_full_to_shard_shape");
   Sharding s = GetSharding(t);
   // (A replicated annotation, which a mesh of one device gives every spec, is a tiling into
@@ -183,7 +183,7 @@ at::Tensor FullToShard(const at::Tensor& t) {
 }
 
 at::Tensor ShardToFull(const at::Tensor& t, const Sharding& sharding, const Shape& full_shape) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "_spmd_shard_to_full_shape");
   const ir::Value& in = impl->slot()->value;
   TORCH_CHECK(sharding.valid() && !sharding.is_manual() && !sharding.IsPartial() &&
@@ -202,7 +202,7 @@ at::Tensor ShardToFull(const at::Tensor& t, const Sharding& sharding, const Shap
 }
 
 void MarkManualSharding(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "_mark_manual_sharding");
   const SlotPtr& slot = impl->slot();
   TORCH_CHECK(!slot->value.node->is_data(),
@@ -220,7 +220,7 @@ void MarkManualSharding(const at::Tensor& t) {
 }
 
 std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t);
   runtime::DeviceDataPtr data = Materialize(impl->slot());
   if (data->planned()) throw runtime::PlannedDataError("read its local shards");
@@ -262,7 +262,7 @@ std::vector<LocalShard> GetLocalShards(const at::Tensor& t) {
 }
 
 at::Tensor UploadSharded(const at::Tensor& host, const Sharding& sharding) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   TORCH_CHECK(host.device().is_cpu(), "UploadSharded needs a CPU tensor, got one on ",
               host.device());
   TORCH_CHECK(sharding.rank() == host.dim(), "sharding rank ", sharding.rank(),
@@ -277,7 +277,7 @@ at::Tensor UploadSharded(const at::Tensor& host, const Sharding& sharding) {
 }
 
 void LoadLocalShards(const at::Tensor& t, const std::vector<at::Tensor>& shards) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LazyImpl* impl = GetLazyImpl(t, "load_local_shards_");
   Sharding s = GetSharding(t);
   TORCH_CHECK(!IsReplicatedOrNone(s),

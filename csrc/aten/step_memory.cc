@@ -81,17 +81,17 @@ void RecordStep(std::shared_ptr<const partition::Program> program, std::vector<b
 }
 
 std::shared_ptr<const partition::Program> LastProgram() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return Last().program;
 }
 
 std::vector<bool> LastDonated() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return Last().donated;
 }
 
 partition::ProgramStats LastStepStats() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   LastStep& last = Last();
   if (!last.stats) last.stats = StepStats(last);
   return *last.stats;

@@ -86,45 +86,45 @@ std::vector<runtime::DeviceDataPtr> ProgramParams(const ir::Graph& graph,
 }
 
 void SetDeferOutputReductions(bool defer) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   Options().defer_output_reductions = defer;
 }
 
 bool DeferOutputReductions() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return Options().defer_output_reductions;
 }
 
 void SetWindowedEinsum(int64_t bytes, int64_t min_step_extent) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   Options().windowed_einsum_bytes = bytes < 0 ? -1 : bytes;
   Options().windowed_einsum_min_extent = std::max<int64_t>(min_step_extent, 1);
 }
 
 void SetFusedMemory(bool on) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   Options().fused_memory = on;
 }
 
 bool FusedMemory() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return Options().fused_memory;
 }
 
 void SetContextParallel(int method) {
   SPMD_CHECK(method >= 0 && method <= static_cast<int>(partition::ContextParallel::kGather),
              "internal error: context parallel method ", method);
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   Options().context_parallel = static_cast<partition::ContextParallel>(method);
 }
 
 int ContextParallelMethod() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return static_cast<int>(Options().context_parallel);
 }
 
 std::pair<int64_t, int64_t> WindowedEinsum() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   return {Options().windowed_einsum_bytes, Options().windowed_einsum_min_extent};
 }
 

@@ -161,7 +161,7 @@ std::vector<SlotPtr> WithValuesComputedAlong(const std::vector<SlotPtr>& request
 }  // namespace
 
 void SyncSlots(const std::vector<SlotPtr>& requested) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   const std::vector<SlotPtr> slots = WithValuesComputedAlong(requested);
   std::vector<ir::Value> outputs;
   OutputSlots slots_of;
@@ -228,12 +228,12 @@ void SyncSlots(const std::vector<SlotPtr>& requested) {
 }
 
 void SyncAll() {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   SyncSlots(PendingSlots());
 }
 
 runtime::DeviceDataPtr Materialize(const SlotPtr& slot) {
-  std::lock_guard<std::recursive_mutex> lock(GraphMutex());
+  std::lock_guard<GraphLock> lock(GraphMutex());
   NoteHostWork();  // (its callers read the data: a template would freeze it)
   if (!slot->value.node->is_data()) SyncSlots({slot});
   return std::static_pointer_cast<runtime::DeviceData>(slot->value.node->data());

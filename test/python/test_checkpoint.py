@@ -2,6 +2,7 @@
 same and other meshes/specs, uneven shapes, optimizer state, crash safety of saves, exact
 resumption of training, and CheckpointManager."""
 import functools
+import json
 import gc
 import os
 import subprocess
@@ -99,6 +100,20 @@ def test_round_trip_same_mesh(tmp_path):
     assert meta["sharding"] == m.get_op_sharding(("fsdp", "tensor"))
     assert len(meta["pieces"]) == 8  # one per device, each 4x4
     assert all(p["lengths"] == [4, 4] for p in meta["pieces"])
+
+
+def test_a_checkpoint_of_another_format_version_says_why_it_does_not_load(tmp_path):
+    ckpt.save_sharded({"t": sharded(torch.randn(16, 8), mesh((4, 2)), ("fsdp", "tensor"))},
+                      str(tmp_path))
+    manifest = tmp_path / _storage.MANIFEST
+    data = json.loads(manifest.read_text())
+    data["version"] = 99
+    manifest.write_text(json.dumps(data))
+    target = sharded(torch.zeros(16, 8), mesh((8,)), ("fsdp", None))
+    with pytest.raises(ValueError, match=r"unsupported checkpoint version 99 \(this torch_spmd "
+                                         r"reads version 1; a DCP checkpoint"):
+        ckpt.load_sharded({"t": target}, str(tmp_path))
+    assert torch.equal(target.cpu(), torch.zeros(16, 8))  # untouched
 
 
 def test_reshard_4x2_to_8x1(tmp_path):

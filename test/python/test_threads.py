@@ -64,3 +64,41 @@ def test_bad_value_raises():
     out = subprocess.run([sys.executable, "-c", "import torch_spmd"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "SPMD_NUM_THREADS" in out.stderr
+
+
+RECORDERS = """
+import threading, numpy as np, torch
+import torch_spmd, torch_spmd.runtime as xr, torch_spmd.distributed.spmd as xs
+xr.use_spmd()
+dev = torch_spmd.device()
+mesh = xs.Mesh(np.arange(8), (8,), ("x",))
+done, wrong = [], []
+
+def work(k):
+    g = torch.Generator().manual_seed(k)
+    a = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    b = torch.randn(32, 16, generator=g, dtype=torch.float64)
+    for i in range(100):
+        x = a.to(dev)
+        xs.mark_sharding(x, mesh, ("x", None))   # a binding that takes the graph lock
+        got = (torch.tanh(x @ b.to(dev)) * (i + 1)).sum(0).cpu()
+        if not torch.allclose(got, (torch.tanh(a @ b) * (i + 1)).sum(0), rtol=1e-12, atol=1e-12):
+            wrong.append((k, i))
+    done.append(k)
+
+threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sorted(done), wrong)
+"""
+
+
+def test_python_threads_recording_at_once_equal_cpu():
+    # Four threads record, annotate and read back their own values at once. (The graph lock
+    # used to be waited for with the GIL held: a thread in mark_sharding and one whose op
+    # released a tensor's Python object under the lock deadlocked.)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", RECORDERS], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "[0, 1, 2, 3] []", out.stdout

@@ -102,7 +102,9 @@ def read_manifest(directory: str) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a torch_spmd sharded checkpoint manifest")
     if manifest.get("version") != VERSION:
-        raise ValueError(f"{path}: unsupported checkpoint version {manifest.get('version')}")
+        raise ValueError(f"{path}: unsupported checkpoint version {manifest.get('version')!r} "
+                         f"(this torch_spmd reads version {VERSION}; a DCP checkpoint, "
+                         "save_dcp, loads across versions)")
     return manifest
 
 
