@@ -17,8 +17,9 @@
 // Permutations (t, transpose, permute) give a strided result, allowed only where every
 // reader is an ATen kernel that accepts any strides (not one whose rule says it reads
 // strides, not an internal spmd kernel) and the value does not leave the program. Subsets
-// (select, slice) are strided too, and see only part of their input's bytes: they never take those
-// bytes over. Both run the op's own view kernel (select for select_copy) on the input's rows.
+// (select, slice) are strided too, and see only part of their input's bytes: they never take
+// those bytes over. Both run the op's own view kernel (select for select_copy) on the input's
+// rows.
 //
 // A view that outlives its input's last reader, or cannot take its bytes over, borrows
 // them: it reads the input's host memory and charges its own bytes to each device, as the

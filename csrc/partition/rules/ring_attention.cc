@@ -189,8 +189,8 @@ class Ring {
   }
   LocalValue Balance(const LocalValue& x) {
     const int64_t half = x.local_shape()[kSeq] / 2;
-    return Concat(b_, {SliceRows(b_, x, kSeq, 0, half), Swapped(SliceRows(b_, x, kSeq, half, half))},
-                  kSeq);
+    const LocalValue moved = Swapped(SliceRows(b_, x, kSeq, half, half));
+    return Concat(b_, {SliceRows(b_, x, kSeq, 0, half), moved}, kSeq);
   }
   LocalValue Unbalance(const LocalValue& x) { return balanced_ ? Balance(x) : x; }
   // The parts' rows of a query-side result, back in sequence order.
