@@ -257,3 +257,28 @@ def test_matmul_runs_on_stacked_shards_and_equals_cpu(specs):
     mesh = mesh_of((4, 2))
     check(lambda a, b: (a @ b).tanh(), [T(6, 4, 5, 8, seed=13), T(6, 4, 8, 3, seed=14)], specs,
           mesh, grad=True)
+
+
+def test_a_slice_read_by_a_kernel_shares_its_bytes():
+    # x[:, :16] feeding mm dies before x (read again by the sum): a strided view of x's rows
+    # (kSubset, as select), no copy and no charge: each device's peak above what it held is its
+    # tile of the product and the sum (its partial and the reduced one), nothing for the slice
+    # (a copy would add its 8 x 16 tile).
+    ensure_devices()
+    mesh = mesh_of((8,))
+    xh, wh = T(64, 48, seed=31), T(16, 8, seed=32)
+    x = to_device(xh, mesh, ("x", None))
+    w = to_device(wh, mesh, (None, None))  # (on the devices now, not held)
+    step([])
+    before = [_C._memory_info(d)["bytes_used"] for d in range(N)]
+    _C._reset_peak_memory()
+    metrics.clear_counters()
+    y = x[:, :16] @ w
+    total = x.sum()
+    step([y, total])
+    assert (metrics.counter_value("SharedViews") or 0) >= 1
+    for d in range(N):
+        info = _C._memory_info(d)
+        assert info["peak_bytes_used"] - before[d] == 8 * 8 * 4 + 2 * 4, d
+    torch.testing.assert_close(y.cpu(), xh[:, :16] @ wh)
+    torch.testing.assert_close(total.cpu(), xh.sum())
