@@ -136,3 +136,50 @@ def test_a_save_over_a_file_size_limit_names_the_checkpoint_and_keeps_the_previo
     assert sd["step"] == 5
     _expect(sd, 5)
     assert sorted(os.listdir(tmp_path)) == ["ckpt"], os.listdir(tmp_path)  # nothing left over
+
+
+def _saving_world_worker(index, path, progress, first):
+    import torch_spmd.core.xla_model as xm
+    mesh = xs.Mesh(np.arange(8), (4, 2), ("a", "b"))
+    base = torch.arange(96 * 40, dtype=torch.float32).reshape(96, 40)
+    for k in range(first, first + 100000):
+        t = (base + k).to(torch_spmd.device())
+        xs.mark_sharding(t, mesh, ("a", "b"))
+        u = torch.full((7,), float(k)).to(torch_spmd.device())
+        xm.mark_step()
+        ckpt.save_dcp({"t": t, "u": u, "step": k}, path)  # every process writes its tiles
+        if index == 0:
+            with open(progress + ".tmp", "w") as f:
+                f.write(str(k))
+            os.replace(progress + ".tmp", progress)
+
+
+def test_sigkill_of_either_process_of_a_saving_world_leaves_a_loadable_checkpoint(tmp_path):
+    import torch.distributed.checkpoint as dist_cp
+    import torch_spmd.distributed.xla_multiprocessing as xmp
+    from torch_spmd.distributed.checkpoint import _dcp
+    rng = random.Random(int(os.environ.get("SPMD_FUZZ_SEED", "0")) + 7)
+    path, progress = str(tmp_path / "ckpt"), str(tmp_path / "progress")
+    kills = max(2, KILLS // 2)
+    for kill in range(kills):
+        first = _committed(progress) + 1
+        ctx = xmp.spawn_spmd(_saving_world_worker, args=(path, progress, first), nprocs=2,
+                             join=False)
+        deadline = time.time() + 180
+        while _committed(progress) < first and time.time() < deadline:
+            time.sleep(0.05)
+        assert _committed(progress) >= first, "the world never saved"
+        time.sleep(rng.uniform(0.0, 1.0))
+        victim = ctx.processes[rng.randrange(2)]
+        os.kill(victim.pid, signal.SIGKILL)
+        for p in ctx.processes:  # (the survivor fails its next exchange, or is stopped)
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        done = _committed(progress)
+        _dcp.recover(path)
+        plain = {"t": torch.zeros(96, 40), "u": torch.zeros(7), "step": -1}
+        _dcp._single_process("load", plain, storage_reader=dist_cp.FileSystemReader(path))
+        assert plain["step"] in (done, done + 1), (kill, plain["step"], done)
+        _expect(plain, plain["step"])
